@@ -1,0 +1,27 @@
+"""The conversation store: conversations, message trees, token-exact replies, search."""
+
+from app.conversations.errors import (
+    CorruptDatabaseError,
+    NewerSchemaError,
+    StoreError,
+    StoreLockedError,
+    UnknownConversationError,
+    UnknownMessageError,
+)
+from app.conversations.models import Conversation, Message, Role, SearchHit, Status
+from app.conversations.store import ConversationStore
+
+__all__ = [
+    "Conversation",
+    "ConversationStore",
+    "CorruptDatabaseError",
+    "Message",
+    "NewerSchemaError",
+    "Role",
+    "SearchHit",
+    "Status",
+    "StoreError",
+    "StoreLockedError",
+    "UnknownConversationError",
+    "UnknownMessageError",
+]

@@ -1,0 +1,59 @@
+"""The records the conversation store hands out.
+
+Frozen so that a value read from the store cannot drift from what is on disk without a store
+call; the UI keeps its own view state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["user", "assistant"]
+Status = Literal["complete", "streaming", "interrupted", "error"]
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    title: str | None
+    created_at: float
+    updated_at: float
+    pinned: bool
+    deleted_at: float | None
+    system_prompt: str | None
+    sampling: dict
+    current_leaf_id: str | None
+    draft: str
+    model: str | None
+
+
+@dataclass(frozen=True)
+class Message:
+    """One node of a conversation's message tree; edits and regenerations are siblings."""
+
+    id: str
+    conversation_id: str
+    parent_id: str | None
+    role: Role
+    content: str
+    token_ids: list[int] | None
+    tokens_fingerprint: str | None
+    status: Status
+    finish_reason: str | None
+    stats: dict | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """A search match: a message (message_id set) or a conversation title (message_id None).
+
+    `snippet` wraps the matched words in « and ».
+    """
+
+    conversation_id: str
+    message_id: str | None
+    title: str | None
+    snippet: str

@@ -1,0 +1,601 @@
+"""The conversation store: conversations, their message trees and search, in one SQLite file.
+
+Storage only: it knows nothing of engines or Qt. Every method commits before it returns, so
+what the user typed or the model said is on disk as soon as the call is done.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import sys
+import time
+import uuid
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import fields
+from pathlib import Path
+from types import TracebackType
+from typing import Any, get_args
+
+from app import paths
+from app.conversations import schema
+from app.conversations.errors import (
+    CorruptDatabaseError,
+    NewerSchemaError,
+    StoreError,
+    StoreLockedError,
+    UnknownConversationError,
+    UnknownMessageError,
+)
+from app.conversations.models import Conversation, Message, Role, SearchHit, Status
+
+ROLES: tuple[str, ...] = get_args(Role)
+STATUSES: tuple[str, ...] = get_args(Status)
+TITLE_LENGTH = 60
+
+_CONVERSATION_FIELDS = tuple(field.name for field in fields(Conversation))
+_MESSAGE_FIELDS = tuple(field.name for field in fields(Message))
+_CONVERSATION_COLUMNS = ", ".join(_CONVERSATION_FIELDS)
+_MESSAGE_COLUMNS = ", ".join(f"m.{name}" for name in _MESSAGE_FIELDS)
+_ID_PREFIX = re.compile(r"[0-9a-f]{4,32}")
+_LOCKED_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+_CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+
+
+class ConversationStore:
+    """One open conversation database. Use `ConversationStore.open`, ideally in a `with`.
+
+    `recovered_from` names the backup when open found the database damaged and moved it
+    aside, so the caller can tell the user; it is None otherwise.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, recovered_from: Path | None) -> None:
+        self._conn = conn
+        self.path = path
+        self.recovered_from = recovered_from
+
+    @classmethod
+    def open(cls, path: Path | None = None, *, busy_timeout: float = 3.0) -> ConversationStore:
+        """Open (creating or migrating) the database; replies cut off by a crash become
+        'interrupted'. A damaged file is moved aside, never deleted, and a fresh one started."""
+        path = Path(path) if path is not None else paths.database_path()
+        recovered_from = None
+        try:
+            conn = _connect(path, busy_timeout)
+        except CorruptDatabaseError:
+            recovered_from = _move_aside(path)
+            conn = _connect(path, busy_timeout)
+        store = cls(conn, path, recovered_from)
+        try:
+            store.recover_interrupted()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ConversationStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # Conversations
+
+    def create_conversation(
+        self,
+        title: str | None = None,
+        system_prompt: str | None = None,
+        sampling: dict | None = None,
+        model: str | None = None,
+    ) -> Conversation:
+        """A new, empty conversation. Without a title, its first user message names it."""
+        now = time.time()
+        conversation = Conversation(
+            id=uuid.uuid4().hex,
+            title=title,
+            created_at=now,
+            updated_at=now,
+            pinned=False,
+            deleted_at=None,
+            system_prompt=system_prompt,
+            sampling=dict(sampling or {}),
+            current_leaf_id=None,
+            draft="",
+            model=model,
+        )
+        self._execute(
+            f"INSERT INTO conversations ({_CONVERSATION_COLUMNS}) "
+            "VALUES (?, ?, ?, ?, 0, NULL, ?, ?, NULL, '', ?)",
+            (
+                conversation.id,
+                title,
+                now,
+                now,
+                system_prompt,
+                json.dumps(conversation.sampling),
+                model,
+            ),
+        )
+        return conversation
+
+    def get_conversation(self, conversation_id: str) -> Conversation:
+        """By full id or, like git, by a unique prefix of at least 4 characters."""
+        full_id = self._resolve(conversation_id)
+        row = self._execute(
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", (full_id,)
+        ).fetchone()
+        return _conversation(row)
+
+    def list_conversations(
+        self, include_deleted: bool = False, limit: int | None = None
+    ) -> list[Conversation]:
+        """Pinned first, then most recently updated: the order of the sidebar."""
+        where = "" if include_deleted else "WHERE deleted_at IS NULL"
+        rows = self._execute(
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations {where} "
+            "ORDER BY pinned DESC, updated_at DESC LIMIT ?",
+            (-1 if limit is None else limit,),
+        ).fetchall()
+        return [_conversation(row) for row in rows]
+
+    def most_recent(self) -> Conversation | None:
+        """The conversation to reopen at start-up, pinned or not."""
+        row = self._execute(
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE deleted_at IS NULL "
+            "ORDER BY updated_at DESC LIMIT 1"
+        ).fetchone()
+        return None if row is None else _conversation(row)
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        self._set(conversation_id, "title", title)
+
+    def set_pinned(self, conversation_id: str, pinned: bool) -> None:
+        self._set(conversation_id, "pinned", int(pinned))
+
+    def delete(self, conversation_id: str) -> None:
+        """Soft delete: hidden from lists and search until `restore` (the UI's undo)."""
+        self._set(conversation_id, "deleted_at", time.time())
+
+    def restore(self, conversation_id: str) -> None:
+        self._set(conversation_id, "deleted_at", None)
+
+    def purge(self, conversation_id: str) -> None:
+        """Delete for good, with all its messages."""
+        full_id = self._resolve(conversation_id)
+        self._execute("DELETE FROM conversations WHERE id = ?", (full_id,))
+
+    def set_system_prompt(self, conversation_id: str, system_prompt: str | None) -> None:
+        self._set(conversation_id, "system_prompt", system_prompt)
+
+    def set_sampling(self, conversation_id: str, sampling: dict) -> None:
+        """Replace the whole sampling dict; the store does not interpret it."""
+        self._set(conversation_id, "sampling", json.dumps(sampling))
+
+    def set_draft(self, conversation_id: str, draft: str) -> None:
+        """The unsent input, so text typed before a crash or a switch is not lost."""
+        self._set(conversation_id, "draft", draft)
+
+    def get_draft(self, conversation_id: str) -> str:
+        return self.get_conversation(conversation_id).draft
+
+    def set_model(self, conversation_id: str, model: str | None) -> None:
+        self._set(conversation_id, "model", model)
+
+    # Messages
+
+    def add_message(
+        self,
+        conversation_id: str,
+        parent_id: str | None,
+        role: Role,
+        content: str,
+        *,
+        token_ids: list[int] | None = None,
+        tokens_fingerprint: str | None = None,
+        status: Status = "complete",
+        finish_reason: str | None = None,
+        stats: dict | None = None,
+    ) -> Message:
+        """Append a message under `parent_id` (None: a root) and make it the current leaf.
+
+        A second child of the same parent is an edit (user) or a regeneration (assistant).
+        """
+        _check(role, ROLES, "role")
+        _check(status, STATUSES, "status")
+        now = time.time()
+        with self._transaction():
+            full_id = self._resolve(conversation_id)
+            if parent_id is not None:
+                self._check_in_conversation(parent_id, full_id)
+            message = Message(
+                id=uuid.uuid4().hex,
+                conversation_id=full_id,
+                parent_id=parent_id,
+                role=role,
+                content=content,
+                token_ids=None if token_ids is None else list(token_ids),
+                tokens_fingerprint=tokens_fingerprint,
+                status=status,
+                finish_reason=finish_reason,
+                stats=stats,
+                created_at=now,
+                updated_at=now,
+            )
+            title = self._auto_title(full_id, message)
+            self._conn.execute(
+                f"INSERT INTO messages ({', '.join(_MESSAGE_FIELDS)}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    message.id,
+                    full_id,
+                    parent_id,
+                    role,
+                    content,
+                    _pack(token_ids),
+                    tokens_fingerprint,
+                    status,
+                    finish_reason,
+                    _dumps(stats),
+                    now,
+                    now,
+                ),
+            )
+            self._conn.execute(
+                "UPDATE conversations SET current_leaf_id = ?, updated_at = ?, "
+                "title = coalesce(?, title) WHERE id = ?",
+                (message.id, now, title, full_id),
+            )
+        return message
+
+    def update_message(
+        self,
+        message_id: str,
+        *,
+        content: str | None = None,
+        token_ids: list[int] | None = None,
+        tokens_fingerprint: str | None = None,
+        status: Status | None = None,
+        finish_reason: str | None = None,
+        stats: dict | None = None,
+    ) -> None:
+        """Overwrite the given fields: one UPDATE, cheap enough to call every ~100 ms while a
+        reply streams (streaming replies are not search-indexed until they stop)."""
+        if status is not None:
+            _check(status, STATUSES, "status")
+        changes: dict[str, Any] = {
+            "content": content,
+            "token_ids": None if token_ids is None else _pack(token_ids),
+            "tokens_fingerprint": tokens_fingerprint,
+            "status": status,
+            "finish_reason": finish_reason,
+            "stats": _dumps(stats),
+        }
+        changes = {name: value for name, value in changes.items() if value is not None}
+        changes["updated_at"] = time.time()
+        assignments = ", ".join(f"{name} = ?" for name in changes)
+        cursor = self._execute(
+            f"UPDATE messages SET {assignments} WHERE id = ?", (*changes.values(), message_id)
+        )
+        if cursor.rowcount == 0:
+            raise UnknownMessageError(message_id)
+
+    def get_message(self, message_id: str) -> Message:
+        row = self._execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?", (message_id,)
+        ).fetchone()
+        if row is None:
+            raise UnknownMessageError(message_id)
+        return _message(row)
+
+    def path_to(self, message_id: str) -> list[Message]:
+        """Root..message: the branch the model sees as the conversation."""
+        rows = self._execute(
+            "WITH RECURSIVE up(id, depth) AS ("
+            " SELECT ?, 0"
+            " UNION ALL"
+            " SELECT m.parent_id, up.depth + 1 FROM messages m JOIN up ON m.id = up.id"
+            " WHERE m.parent_id IS NOT NULL"
+            f") SELECT {_MESSAGE_COLUMNS} FROM up JOIN messages m ON m.id = up.id"
+            " ORDER BY up.depth DESC",
+            (message_id,),
+        ).fetchall()
+        if not rows:
+            raise UnknownMessageError(message_id)
+        return [_message(row) for row in rows]
+
+    def current_path(self, conversation_id: str) -> list[Message]:
+        leaf = self.get_conversation(conversation_id).current_leaf_id
+        return [] if leaf is None else self.path_to(leaf)
+
+    def children(self, message_id: str | None, conversation_id: str) -> list[Message]:
+        """Replies to `message_id` (None: the roots), oldest first."""
+        full_id = self._resolve(conversation_id)
+        rows = self._execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages m "
+            "WHERE m.conversation_id = ? AND m.parent_id IS ? ORDER BY m.created_at, m.seq",
+            (full_id, message_id),
+        ).fetchall()
+        return [_message(row) for row in rows]
+
+    def siblings(self, message_id: str) -> tuple[list[Message], int]:
+        """The message's alternatives (itself included) and its index, for "< 2/3 >"."""
+        message = self.get_message(message_id)
+        alternatives = self.children(message.parent_id, message.conversation_id)
+        return alternatives, [m.id for m in alternatives].index(message_id)
+
+    def set_current_leaf(self, conversation_id: str, message_id: str) -> None:
+        """Switch the branch shown; `message_id` must belong to the conversation."""
+        with self._transaction():
+            full_id = self._resolve(conversation_id)
+            self._check_in_conversation(message_id, full_id)
+            self._conn.execute(
+                "UPDATE conversations SET current_leaf_id = ? WHERE id = ?", (message_id, full_id)
+            )
+
+    def leaf_of(self, message_id: str) -> Message:
+        """The newest message in the subtree under `message_id` (itself if it has no replies),
+        so switching to a sibling branch lands where that branch was last continued."""
+        message = self.get_message(message_id)
+        row = self._execute(
+            "WITH RECURSIVE down(id) AS ("
+            " SELECT ?"
+            " UNION ALL"
+            " SELECT m.id FROM messages m JOIN down"
+            " ON m.conversation_id = ? AND m.parent_id = down.id"
+            f") SELECT {_MESSAGE_COLUMNS} FROM down JOIN messages m ON m.id = down.id"
+            " ORDER BY m.created_at DESC, m.seq DESC LIMIT 1",
+            (message_id, message.conversation_id),
+        ).fetchone()
+        return _message(row)
+
+    def recover_interrupted(self) -> int:
+        """Mark replies left 'streaming' by a process that died as 'interrupted' (their text and
+        token ids so far are kept). Returns how many there were."""
+        cursor = self._execute(
+            "UPDATE messages SET status = 'interrupted', finish_reason = 'interrupted', "
+            "updated_at = ? WHERE status = 'streaming'",
+            (time.time(),),
+        )
+        return cursor.rowcount
+
+    # Search
+
+    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+        """Titles, then messages, best match first. Any text is a valid query: each word is
+        quoted (no FTS syntax), and the last one matches as a prefix (search as you type)."""
+        match = _match_expression(query)
+        if match is None:
+            return []
+        titles = self._execute(
+            "SELECT c.id, c.title, highlight(titles_fts, 0, '«', '»') FROM titles_fts"
+            " JOIN conversations c ON c.id = titles_fts.conversation_id"
+            " WHERE titles_fts MATCH ? AND c.deleted_at IS NULL"
+            " ORDER BY bm25(titles_fts) LIMIT ?",
+            (match, limit),
+        ).fetchall()
+        messages = self._execute(
+            "SELECT m.conversation_id, m.id, c.title,"
+            " snippet(messages_fts, 0, '«', '»', '…', 16) FROM messages_fts"
+            " JOIN messages m ON m.seq = messages_fts.rowid"
+            " JOIN conversations c ON c.id = m.conversation_id"
+            " WHERE messages_fts MATCH ? AND c.deleted_at IS NULL"
+            " ORDER BY bm25(messages_fts) LIMIT ?",
+            (match, limit - len(titles)),
+        ).fetchall()
+        return [SearchHit(cid, None, title, snippet) for cid, title, snippet in titles] + [
+            SearchHit(cid, mid, title, snippet) for cid, mid, title, snippet in messages
+        ]
+
+    # Internals
+
+    def _execute(self, sql: str, parameters: tuple = ()) -> sqlite3.Cursor:
+        with _translated(self.path):
+            return self._conn.execute(sql, parameters)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """Several statements as one write; the write lock is taken up front (IMMEDIATE) so a
+        busy database fails at BEGIN, not halfway."""
+        with _translated(self.path):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _resolve(self, conversation_id: str) -> str:
+        row = self._execute(
+            "SELECT id FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
+        if row is not None:
+            return row[0]
+        matches = []
+        if _ID_PREFIX.fullmatch(conversation_id.lower()):
+            matches = self._execute(
+                "SELECT id FROM conversations WHERE id GLOB ? LIMIT 2",
+                (conversation_id.lower() + "*",),
+            ).fetchall()
+            if len(matches) == 1:
+                return matches[0][0]
+        raise UnknownConversationError(conversation_id, ambiguous=len(matches) > 1)
+
+    def _set(self, conversation_id: str, column: str, value: object) -> None:
+        with self._transaction():
+            full_id = self._resolve(conversation_id)
+            self._conn.execute(
+                f"UPDATE conversations SET {column} = ? WHERE id = ?", (value, full_id)
+            )
+
+    def _check_in_conversation(self, message_id: str, conversation_id: str) -> None:
+        row = self._conn.execute(
+            "SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?",
+            (message_id, conversation_id),
+        ).fetchone()
+        if row is None:
+            raise UnknownMessageError(message_id, conversation_id)
+
+    def _auto_title(self, conversation_id: str, message: Message) -> str | None:
+        """The title the conversation gets from its first user message, or None to keep it."""
+        if message.role != "user":
+            return None
+        row = self._conn.execute(
+            "SELECT title IS NULL AND NOT EXISTS ("
+            " SELECT 1 FROM messages WHERE conversation_id = ? AND role = 'user')"
+            " FROM conversations WHERE id = ?",
+            (conversation_id, conversation_id),
+        ).fetchone()
+        return _title_from(message.content) if row[0] else None
+
+
+def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StoreError(
+            f"Cannot create the folder of the conversation database {path}: {error}"
+        ) from error
+    _check_health(path, busy_timeout)
+    with _translated(path):
+        conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+    try:
+        with _translated(path):
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            found = schema.version(conn)
+            if found > schema.LATEST:
+                raise NewerSchemaError(path, found, schema.LATEST)
+            schema.migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _check_health(path: Path, busy_timeout: float) -> None:
+    """Raise CorruptDatabaseError for a damaged file. Read-only, so the file and its WAL stay
+    as found (closing a read-write connection would checkpoint the WAL into it)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with _translated(path):
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout)
+        try:
+            result = conn.execute("PRAGMA quick_check").fetchone()[0]
+        finally:
+            conn.close()
+    if result != "ok":
+        raise CorruptDatabaseError(path, result)
+
+
+@contextmanager
+def _translated(path: Path) -> Iterator[None]:
+    """Turn SQLite's errors about the file (not about our SQL) into user-facing StoreErrors."""
+    try:
+        yield
+    except sqlite3.DatabaseError as error:
+        code = (error.sqlite_errorcode or 0) & 0xFF
+        if code in _LOCKED_CODES:
+            raise StoreLockedError(path) from error
+        if code in _CORRUPT_CODES:
+            raise CorruptDatabaseError(path, str(error)) from error
+        if code in {
+            sqlite3.SQLITE_CANTOPEN,
+            sqlite3.SQLITE_READONLY,
+            sqlite3.SQLITE_PERM,
+            sqlite3.SQLITE_IOERR,
+            sqlite3.SQLITE_FULL,
+        }:
+            raise StoreError(f"Cannot use the conversation database {path}: {error}") from error
+        raise
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename the damaged database (and its -wal/-shm) to a name no file has yet."""
+    stem = f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
+    backup = path.with_name(stem)
+    attempt = 1
+    while any(Path(f"{backup}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
+        backup = path.with_name(f"{stem}-{attempt}")
+        attempt += 1
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            source = Path(f"{path}{suffix}")
+            if source.exists():
+                source.rename(f"{backup}{suffix}")
+    except OSError as error:
+        raise StoreError(
+            f"The conversation database {path} is damaged and could not be moved aside: {error}"
+        ) from error
+    return backup
+
+
+def _conversation(row: tuple) -> Conversation:
+    values = dict(zip(_CONVERSATION_FIELDS, row, strict=True))
+    values["pinned"] = bool(values["pinned"])
+    values["sampling"] = json.loads(values["sampling"])
+    return Conversation(**values)
+
+
+def _message(row: tuple) -> Message:
+    values = dict(zip(_MESSAGE_FIELDS, row, strict=True))
+    values["token_ids"] = _unpack(values["token_ids"])
+    values["stats"] = None if values["stats"] is None else json.loads(values["stats"])
+    return Message(**values)
+
+
+def _pack(token_ids: list[int] | None) -> bytes | None:
+    """uint32 little-endian, whatever the machine."""
+    if token_ids is None:
+        return None
+    packed = array("I", token_ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _unpack(blob: bytes | None) -> list[int] | None:
+    if blob is None:
+        return None
+    unpacked = array("I")
+    unpacked.frombytes(blob)
+    if sys.byteorder == "big":
+        unpacked.byteswap()
+    return unpacked.tolist()
+
+
+def _dumps(value: dict | None) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _check(value: str, allowed: tuple[str, ...], name: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, not {value!r}")
+
+
+def _title_from(content: str) -> str | None:
+    line = next((line.strip() for line in content.splitlines() if line.strip()), "")
+    if len(line) > TITLE_LENGTH:
+        line = line[: TITLE_LENGTH - 1].rstrip() + "…"
+    return line or None
+
+
+def _match_expression(query: str) -> str | None:
+    """An FTS5 MATCH expression from free text, or None if it has no searchable word."""
+    terms = [term for term in query.replace("\x00", " ").split() if any(c.isalnum() for c in term)]
+    if not terms:
+        return None
+    return " ".join('"' + term.replace('"', '""') + '"' for term in terms) + "*"

@@ -1,0 +1,62 @@
+"""Renders a model's own chat template (GGUF `tokenizer.chat_template`, Jinja) safely."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import cached_property
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Used when a GGUF carries no template: ChatML, the most common convention.
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class TemplateError(Exception):
+    """The chat template failed to render these messages; the message says why."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special-token strings it refers to."""
+
+    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
+        self.source = source or CHATML
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    @cached_property
+    def _template(self) -> jinja2.Template:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            return env.from_string(self.source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateError(f"The model's chat template does not parse: {exc}") from exc
+
+    def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"The model's chat template failed: {exc}") from exc

@@ -1,0 +1,405 @@
+"""The llama.cpp engine, on llama-cpp-python's low-level API.
+
+`Llama` hides what Stoke needs: several sequences in one context, trimming a sequence at
+the point a new prompt diverges, prefill without sampling, and cancelling between tokens.
+So this drives llama.cpp directly: one model, one context, one KV sequence per resident slot.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import llama_cpp
+
+from app.engine.model_file import check_gguf, fingerprint
+from app.engine.protocol import (
+    CancelToken,
+    ContextOverflowError,
+    EngineError,
+    FinishReason,
+    GenerationEvent,
+    GenerationStats,
+    LoadOptions,
+    ModelInfo,
+    ModelLoadError,
+    SamplingParams,
+    TokenEvent,
+)
+
+_LOG_LINES = 200
+
+
+class _LlamaLog:
+    """Keeps llama.cpp's log in memory (quiet terminals, readable load errors)."""
+
+    def __init__(self) -> None:
+        self.lines: deque[str] = deque(maxlen=_LOG_LINES)
+        self._callback = llama_cpp.llama_log_callback(self._on_log)
+        llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
+
+    def _on_log(self, level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        self.lines.append(text.decode("utf-8", "replace"))
+
+    def reason(self) -> str:
+        """The most telling recent error line, for a user-facing message."""
+        for line in reversed(self.lines):
+            lowered = line.lower()
+            if any(word in lowered for word in ("error", "failed", "invalid", "not within")):
+                return line.strip().removeprefix("llama_model_load: ").strip()
+        return ""
+
+
+_log: _LlamaLog | None = None
+
+
+def _install_log() -> _LlamaLog:
+    global _log
+    if _log is None:
+        llama_cpp.llama_backend_init()
+        _log = _LlamaLog()
+    return _log
+
+
+@dataclass
+class _Sequence:
+    """One KV sequence of the context and the exact tokens it holds."""
+
+    seq_id: int
+    tokens: list[int] = field(default_factory=list)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class LlamaCppEngine:
+    """Engine contract over llama.cpp. Not thread-safe: the engine host serialises calls."""
+
+    backend_name = "llama.cpp"
+
+    def __init__(self) -> None:
+        self._model: llama_cpp.llama_model_p | None = None
+        self._ctx: llama_cpp.llama_context_p | None = None
+        self._vocab = None
+        self._batch: llama_cpp.llama_batch | None = None
+        self._options: LoadOptions | None = None
+        self.info: ModelInfo | None = None
+        self._slots: OrderedDict[str, _Sequence] = OrderedDict()  # least recently used first
+        self._free_seq_ids: list[int] = []
+        self._logits_ready: tuple[int, int] | None = None  # (seq_id, n_tokens) of last logits
+        self._eog: frozenset[int] = frozenset()
+
+    # -- loading --------------------------------------------------------------------------
+
+    def load(self, options: LoadOptions) -> ModelInfo:
+        self.unload()
+        log = _install_log()
+        path = check_gguf(options.model_path)
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = options.n_gpu_layers
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
+            reason = log.reason() or "llama.cpp could not read it"
+            raise ModelLoadError(
+                f"Could not load the model {path.name}: {reason}. The file may be truncated, "
+                "damaged or of an architecture this llama.cpp does not know; download it again "
+                "or choose another model."
+            )
+        n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = min(options.n_ctx, n_ctx_train) if n_ctx_train > 0 else options.n_ctx
+        cparams.n_batch = options.n_batch
+        cparams.n_ubatch = min(options.n_ubatch, options.n_batch)
+        cparams.n_seq_max = options.n_seq_max
+        cparams.kv_unified = True  # resident conversations share one pool of cells
+        threads = options.n_threads or max(os.cpu_count() or 1, 1)
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        if options.flash_attn:
+            cparams.flash_attn_type = 1
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            llama_cpp.llama_model_free(model)
+            reason = log.reason() or "not enough memory for the context"
+            raise ModelLoadError(
+                f"Could not create a context of {cparams.n_ctx:,} tokens for {path.name}: "
+                f"{reason}. Try a smaller context size."
+            )
+        self._model, self._ctx, self._options = model, ctx, options
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self._batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
+        self._free_seq_ids = list(range(options.n_seq_max))
+        n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._eog = frozenset(
+            t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)
+        )
+        self.info = self._describe(path, n_ctx_train, n_vocab)
+        return self.info
+
+    def _describe(self, path: Path, n_ctx_train: int, n_vocab: int) -> ModelInfo:
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        bos = llama_cpp.llama_vocab_bos(self._vocab)
+        eos = llama_cpp.llama_vocab_eos(self._vocab)
+        return ModelInfo(
+            path=str(path),
+            name=self._meta("general.name") or path.stem,
+            fingerprint=fingerprint(path),
+            architecture=self._meta("general.architecture") or "unknown",
+            n_ctx=llama_cpp.llama_n_ctx(self._ctx),
+            n_ctx_train=n_ctx_train,
+            n_vocab=n_vocab,
+            chat_template=template.decode("utf-8", "replace") if template else None,
+            bos_token=self._token_text(bos),
+            eos_token=self._token_text(eos),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self._vocab)),
+            bos_id=bos if bos >= 0 else None,
+            eog_ids=tuple(sorted(self._eog)),
+            backend=self.backend_name,
+            size_bytes=path.stat().st_size,
+        )
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(512)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
+
+    def unload(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+        self._model = self._ctx = self._vocab = self._batch = None
+        self._slots.clear()
+        self._logits_ready = None
+        self.info = None
+
+    # -- tokens ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, False, special)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), buf, capacity, False, special
+            )
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    # -- slots ----------------------------------------------------------------------------
+
+    def _slot(self, name: str, prompt: Sequence[int]) -> _Sequence:
+        """The slot's sequence; a new slot takes a free id or the least recently used one,
+        choosing, among those it could take, the one sharing the longest prefix."""
+        seq = self._slots.get(name)
+        if seq is None:
+            if self._free_seq_ids:
+                seq = _Sequence(self._free_seq_ids.pop(0))
+            else:
+                victim = max(
+                    self._slots, key=lambda k: _common_prefix(self._slots[k].tokens, prompt)
+                )
+                if _common_prefix(self._slots[victim].tokens, prompt) == 0:
+                    victim = next(iter(self._slots))
+                seq = self._slots.pop(victim)
+            self._slots[name] = seq
+        self._slots.move_to_end(name)
+        return seq
+
+    def resident_tokens(self, slot: str) -> list[int]:
+        seq = self._slots.get(slot)
+        return list(seq.tokens) if seq else []
+
+    # -- prefill and generation -------------------------------------------------------------
+
+    def _check_fits(self, n_prompt: int) -> None:
+        n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        if n_prompt >= n_ctx:
+            raise ContextOverflowError(n_prompt, n_ctx)
+
+    def _sync(
+        self, seq: _Sequence, tokens: Sequence[int], cancel: CancelToken | None, *, logits: bool
+    ) -> tuple[int, int]:
+        """Make the sequence hold exactly `tokens`: keep the common prefix, trim the rest,
+        evaluate the tail. Returns (reused, prefilled). With `logits`, the last token's
+        logits are ready for sampling afterwards."""
+        keep = _common_prefix(seq.tokens, tokens)
+        ready = self._logits_ready == (seq.seq_id, len(tokens))
+        if logits and keep == len(tokens) and keep == len(seq.tokens) and ready:
+            return keep, 0
+        if logits and tokens and keep == len(tokens):
+            keep -= 1  # the last token must be evaluated again to produce logits
+        if keep < len(seq.tokens):
+            mem = llama_cpp.llama_get_memory(self._ctx)
+            if not llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, keep, -1):
+                llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, -1, -1)
+                keep = 0  # this model's memory cannot be cut mid-sequence: start over
+            del seq.tokens[keep:]
+        reused = keep
+        tail = list(tokens[keep:])
+        n_batch = self._options.n_batch if self._options else 512
+        for start in range(0, len(tail), n_batch):
+            if cancel is not None and cancel.cancelled:
+                break
+            chunk = tail[start : start + n_batch]
+            last = start + len(chunk) == len(tail)
+            self._decode(seq, chunk, want_logits=last)
+        return reused, len(seq.tokens) - reused
+
+    def _decode(self, seq: _Sequence, chunk: Sequence[int], *, want_logits: bool) -> None:
+        batch = self._batch
+        pos = len(seq.tokens)
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = pos + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq.seq_id
+            batch.logits[i] = 0
+        batch.logits[len(chunk) - 1] = 1 if want_logits else 0
+        batch.n_tokens = len(chunk)
+        rc = llama_cpp.llama_decode(self._ctx, batch)
+        if rc != 0:
+            self._logits_ready = None
+            if rc == 1:
+                raise ContextOverflowError(pos + len(chunk), llama_cpp.llama_n_ctx(self._ctx))
+            raise EngineError(f"llama.cpp failed to evaluate the prompt (code {rc}).")
+        seq.tokens.extend(chunk)
+        self._logits_ready = (seq.seq_id, len(seq.tokens)) if want_logits else None
+
+    def prefill(
+        self, tokens: Sequence[int], *, slot: str = "default", cancel: CancelToken | None = None
+    ) -> GenerationStats:
+        self._require_model()
+        self._check_fits(len(tokens))
+        start = time.perf_counter()
+        seq = self._slot(slot, tokens)
+        reused, prefilled = self._sync(seq, tokens, cancel, logits=True)
+        elapsed = time.perf_counter() - start
+        done = len(seq.tokens) == len(tokens)
+        return GenerationStats(
+            prompt_tokens=len(tokens),
+            reused_tokens=reused,
+            prefilled_tokens=prefilled,
+            generated_tokens=0,
+            ttft_s=elapsed,
+            prefill_tok_s=prefilled / elapsed if elapsed > 0 else 0.0,
+            decode_tok_s=0.0,
+            finish_reason=FinishReason.PREFILLED if done else FinishReason.CANCELLED,
+        )
+
+    def generate(
+        self,
+        tokens: Sequence[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        *,
+        slot: str = "default",
+        cancel: CancelToken | None = None,
+    ) -> Iterator[GenerationEvent]:
+        self._require_model()
+        if not tokens:
+            raise EngineError("Nothing to reply to: the prompt is empty.")
+        self._check_fits(len(tokens))
+        start = time.perf_counter()
+        seq = self._slot(slot, tokens)
+        reused, prefilled = self._sync(seq, tokens, cancel, logits=True)
+        prefill_s = time.perf_counter() - start
+        n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        sampler = self._sampler(sampling)
+        generated = 0
+        first_at = last_at = None
+        reason = FinishReason.LENGTH
+        try:
+            while True:
+                if (cancel is not None and cancel.cancelled) or len(seq.tokens) < len(tokens):
+                    reason = FinishReason.CANCELLED
+                    break
+                if generated >= max_tokens:
+                    break
+                token = llama_cpp.llama_sampler_sample(sampler, self._ctx, -1)
+                last_at = time.perf_counter()
+                first_at = first_at or last_at
+                if token in self._eog:
+                    reason = FinishReason.STOP
+                    break
+                generated += 1
+                yield TokenEvent(token, decoder.decode(self.token_bytes(token)))
+                if generated >= max_tokens or len(seq.tokens) + 1 >= n_ctx:
+                    break
+                self._decode(seq, [token], want_logits=True)
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
+        end = last_at or time.perf_counter()
+        ttft = (first_at or end) - start
+        decode_s = end - (first_at or end)
+        yield GenerationStats(
+            prompt_tokens=len(tokens),
+            reused_tokens=reused,
+            prefilled_tokens=prefilled,
+            generated_tokens=generated,
+            ttft_s=ttft,
+            prefill_tok_s=prefilled / prefill_s if prefill_s > 0 else 0.0,
+            decode_tok_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
+            finish_reason=reason,
+        )
+
+    def _sampler(self, sampling: SamplingParams) -> llama_cpp.llama_sampler_p:
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        if sampling.temperature <= 0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+            return chain
+        if sampling.top_k > 0:
+            llama_cpp.llama_sampler_chain_add(
+                chain, llama_cpp.llama_sampler_init_top_k(sampling.top_k)
+            )
+        if sampling.top_p < 1.0:
+            llama_cpp.llama_sampler_chain_add(
+                chain, llama_cpp.llama_sampler_init_top_p(sampling.top_p, 1)
+            )
+        if sampling.min_p > 0.0:
+            llama_cpp.llama_sampler_chain_add(
+                chain, llama_cpp.llama_sampler_init_min_p(sampling.min_p, 1)
+            )
+        llama_cpp.llama_sampler_chain_add(
+            chain, llama_cpp.llama_sampler_init_temp(sampling.temperature)
+        )
+        seed = llama_cpp.LLAMA_DEFAULT_SEED if sampling.seed is None else sampling.seed & 0xFFFFFFFF
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
+        return chain
+
+    def _require_model(self) -> None:
+        if self._ctx is None:
+            raise EngineError("No model is loaded.")

@@ -1,0 +1,190 @@
+"""The one engine contract every backend (llama.cpp, MLX, remote) implements.
+
+Everything here is plain data so it crosses the engine-host process boundary by pickle,
+and nothing here knows about Qt, SQLite or any particular runtime.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+
+class EngineError(Exception):
+    """An error whose message is meant for the user: it says what happened and what to do."""
+
+
+class ModelLoadError(EngineError):
+    """The model file is missing, unreadable, truncated or not a model the engine can load."""
+
+
+class ContextOverflowError(EngineError):
+    """The prompt (plus room to reply) does not fit in the context window."""
+
+    def __init__(self, prompt_tokens: int, n_ctx: int, message: str | None = None) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx
+        super().__init__(
+            message
+            or (
+                f"The conversation is {prompt_tokens:,} tokens but the context holds {n_ctx:,}. "
+                "Drop the oldest turns or start a new conversation."
+            )
+        )
+
+    def __reduce__(self):  # keep the numbers when the error crosses the process boundary
+        return (type(self), (self.prompt_tokens, self.n_ctx, str(self)))
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # the model ended its turn (end-of-generation token or a stop sequence)
+    LENGTH = "length"  # max_tokens reached
+    CANCELLED = "cancelled"  # the caller cancelled
+    PREFILLED = "prefilled"  # prefill-only request (max_tokens 0) finished
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model. Backends ignore what does not apply to them."""
+
+    model_path: str
+    n_ctx: int = 8192
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    n_seq_max: int = 1
+    flash_attn: bool = False
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings. temperature <= 0 means greedy (argmax), deterministic."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    min_p: float = 0.05
+    top_k: int = 0
+    seed: int | None = None
+
+    @classmethod
+    def greedy(cls) -> SamplingParams:
+        return cls(temperature=0.0, top_p=1.0, min_p=0.0, top_k=0, seed=0)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the rest of the app needs to know about the loaded model."""
+
+    path: str
+    name: str
+    fingerprint: str  # stable id of weights + tokenizer; keys KV snapshots and stored tokens
+    architecture: str
+    n_ctx: int  # the context actually allocated
+    n_ctx_train: int
+    n_vocab: int
+    chat_template: str | None
+    bos_token: str
+    eos_token: str
+    add_bos: bool
+    bos_id: int | None
+    eog_ids: tuple[int, ...]  # end-of-generation tokens (end of turn, eos)
+    backend: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token and the text it completes (may be "" mid UTF-8 sequence)."""
+
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Final numbers of one request; prefill-only requests have generated_tokens == 0."""
+
+    prompt_tokens: int
+    reused_tokens: int  # prompt tokens whose KV was already in the context (or restored)
+    prefilled_tokens: int  # prompt tokens evaluated by this request
+    generated_tokens: int
+    ttft_s: float  # request start to first token (prefill time for prefill-only)
+    prefill_tok_s: float
+    decode_tok_s: float
+    finish_reason: FinishReason
+    restored_tokens: int = 0  # of reused_tokens, how many came from a snapshot, not live KV
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "reused_tokens": self.reused_tokens,
+            "restored_tokens": self.restored_tokens,
+            "prefilled_tokens": self.prefilled_tokens,
+            "generated_tokens": self.generated_tokens,
+            "ttft_s": round(self.ttft_s, 4),
+            "prefill_tok_s": round(self.prefill_tok_s, 1),
+            "decode_tok_s": round(self.decode_tok_s, 1),
+            "finish_reason": str(self.finish_reason),
+        }
+
+
+GenerationEvent = TokenEvent | GenerationStats
+
+
+@dataclass
+class CancelToken:
+    """Set by another thread; backends check it between tokens and between prefill batches."""
+
+    _event: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference runtime holding one model.
+
+    `slot` names a conversation's KV sequence: requests for the same slot reuse that
+    sequence's longest common prefix; different slots may be resident at once where the
+    backend supports it.
+    """
+
+    def load(self, options: LoadOptions) -> ModelInfo: ...
+
+    def unload(self) -> None: ...
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        """Tokens of `text` without BOS; `special` parses control tokens like <|im_end|>."""
+        ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def prefill(
+        self, tokens: Sequence[int], *, slot: str = "default", cancel: CancelToken | None = None
+    ) -> GenerationStats:
+        """Bring the slot's KV to exactly `tokens` without sampling (the max_tokens 0 prewarm)."""
+        ...
+
+    def generate(
+        self,
+        tokens: Sequence[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        *,
+        slot: str = "default",
+        cancel: CancelToken | None = None,
+    ) -> Iterator[GenerationEvent]:
+        """Stream TokenEvents for the reply to `tokens`, then one GenerationStats.
+
+        End-of-generation tokens stop the reply and are not yielded.
+        """
+        ...

@@ -1,0 +1,152 @@
+"""Token-exact prompts: every follow-up turn is the previous prompt with tokens appended.
+
+A conversation's prompt is a list of segments. A reply segment is the exact token ids the
+model sampled (reasoning included), never a re-tokenization of its text. Every other segment
+is a delta of the model's own chat template: the template is rendered with each message's
+content replaced by a unique sentinel, and the text after the previous reply's sentinel is
+the next segment (end-of-turn, the new user turn, the generation prompt). A segment depends
+only on the messages before it, so rendering the history once or turn by turn gives the same
+tokens: turn N+1's prompt extends turn N's by construction, and the KV prefix always matches.
+
+Content is tokenized without parsing control tokens, so a user who types "<|im_end|>" gets
+text, not a turn boundary. Template text is tokenized with them.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from app.engine.chat_template import ChatTemplate, TemplateError
+
+Role = Literal["system", "user", "assistant"]
+
+
+class Tokenizer(Protocol):
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message of the history; `tokens` are a reply's sampled ids under `fingerprint`."""
+
+    role: Role
+    text: str
+    tokens: tuple[int, ...] | None = None
+    fingerprint: str | None = None
+
+
+@dataclass(frozen=True)
+class Segment:
+    role: Role | Literal["template"]
+    tokens: tuple[int, ...]
+
+
+@dataclass
+class Transcript:
+    """The token-exact prompt of one conversation branch under one model and template."""
+
+    template: ChatTemplate
+    tokenizer: Tokenizer
+    fingerprint: str
+    bos_id: int | None = None
+    add_bos: bool = False
+    turns: list[Turn] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)  # up to and including the last reply
+    rebuilt_replies: int = 0  # replies re-tokenized from text: made under another model
+    _open: list[Segment] = field(default_factory=list)  # messages since the last reply
+    _open_turns: int = 0  # len(turns) when _open was computed
+
+    @classmethod
+    def from_turns(
+        cls,
+        turns: Sequence[Turn],
+        *,
+        template: ChatTemplate,
+        tokenizer: Tokenizer,
+        fingerprint: str,
+        bos_id: int | None = None,
+        add_bos: bool = False,
+    ) -> Transcript:
+        """Build the prompt of a stored history, reusing exact reply tokens of this model."""
+        transcript = cls(template, tokenizer, fingerprint, bos_id, add_bos)
+        for turn in turns:
+            if turn.role == "assistant":
+                transcript.add_reply(turn.text, turn.tokens, turn.fingerprint)
+            else:
+                transcript.add_message(turn.role, turn.text)
+        return transcript
+
+    @property
+    def tokens(self) -> list[int]:
+        """The history's tokens: through the last reply, then any messages since."""
+        return [t for segment in (*self.segments, *self._open) for t in segment.tokens]
+
+    def add_message(self, role: Role, text: str) -> None:
+        """Record a system or user message; its tokens come with the next prompt()."""
+        if role == "assistant":
+            raise ValueError("use add_reply for assistant turns")
+        self.turns.append(Turn(role, text))
+
+    def prompt(self) -> list[int]:
+        """The tokens to send for the next reply: history plus the generation prompt."""
+        if not self.turns or self.turns[-1].role == "assistant":
+            raise ValueError("the next reply needs a user message first")
+        if self._open_turns != len(self.turns):
+            self._open = self._delta()
+            self._open_turns = len(self.turns)
+        return self.tokens
+
+    def add_reply(
+        self,
+        text: str,
+        tokens: Sequence[int] | None = None,
+        fingerprint: str | None = None,
+    ) -> None:
+        """Append a reply: its exact sampled ids when made by this model, else its text."""
+        self.prompt()
+        if tokens is not None and fingerprint == self.fingerprint:
+            reply = tuple(tokens)
+        else:
+            reply = tuple(self.tokenizer.tokenize(text, special=False))
+            self.rebuilt_replies += 1
+        self.turns.append(Turn("assistant", text, reply, self.fingerprint))
+        self.segments.extend(self._open)
+        self.segments.append(Segment("assistant", reply))
+        self._open = []
+        self._open_turns = len(self.turns)
+
+    def _delta(self) -> list[Segment]:
+        """Segments for the turns after the last reply, from one render with sentinels."""
+        tag = uuid.uuid4().hex
+        sentinels = [f"\x1f{tag}{i}\x1f" for i in range(len(self.turns))]
+        messages = [
+            {"role": t.role, "content": s} for t, s in zip(self.turns, sentinels, strict=False)
+        ]
+        text = self.template.render(messages, add_generation_prompt=True)
+        start = 0
+        last_reply = max((i for i, t in enumerate(self.turns) if t.role == "assistant"), default=-1)
+        if last_reply >= 0:
+            at = text.find(sentinels[last_reply])
+            if at < 0:
+                raise TemplateError("the chat template dropped an earlier reply")
+            start = at + len(sentinels[last_reply])
+        segments: list[Segment] = []
+        bos_text = self.template.bos_token
+        bos_rendered = bool(bos_text) and text.startswith(bos_text)
+        if last_reply < 0 and self.add_bos and self.bos_id is not None and not bos_rendered:
+            segments.append(Segment("template", (self.bos_id,)))
+        for i, part in enumerate(re.split(f"\x1f{tag}(\\d+)\x1f", text[start:])):
+            if i % 2 == 0:
+                if part:
+                    ids = self.tokenizer.tokenize(part, special=True)
+                    segments.append(Segment("template", tuple(ids)))
+                continue
+            turn = self.turns[int(part)]
+            if turn.role == "assistant":
+                raise TemplateError("the chat template moved an earlier reply")
+            segments.append(Segment(turn.role, tuple(self.tokenizer.tokenize(turn.text))))
+        return segments
