@@ -11,187 +11,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import itertools
-import multiprocessing as mp
+import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from app.engine.protocol import (
-    CancelToken,
-    Engine,
     EngineError,
-    FinishReason,
     GenerationStats,
     LoadOptions,
     ModelInfo,
     SamplingParams,
     TokenEvent,
 )
+from app.engine.transcript import Tokenizer
+from app.engine.worker import EngineState, Priority, load_tokenizer
 
-
-class Priority(IntEnum):
-    """Lower runs first. A USER request preempts a running prefill of lower priority."""
-
-    USER = 0
-    TYPING = 1
-    BACKGROUND = 2
-
-
-class EngineState(StrEnum):
-    STOPPED = "stopped"
-    LOADING = "loading"
-    READY = "ready"
-    PREFILLING = "prefilling"
-    GENERATING = "generating"
-    CRASHED = "crashed"
-    FAILED = "failed"  # the model could not be loaded
+__all__ = ["EngineClient", "EngineCrashedError", "EngineState", "Generation", "Priority"]
 
 
 class EngineCrashedError(EngineError):
     """The engine process died; the client restarts it."""
-
-
-_IMMEDIATE = frozenset({"tokenize", "detokenize"})  # answered at once, beside running work
-
-
-def make_engine(backend: str) -> Engine:
-    """The backend object for a name; imported in the child only."""
-    if backend == "llama.cpp":
-        from app.engine.llamacpp.backend import LlamaCppEngine
-
-        return LlamaCppEngine()
-    raise EngineError(f"Unknown engine {backend!r}. Available: llama.cpp.")
-
-
-# -- the child process ---------------------------------------------------------------------
-
-
-@dataclass(order=True)
-class _Job:
-    priority: int
-    order: int
-    req_id: int = field(compare=False)
-    method: str = field(compare=False)
-    args: tuple = field(compare=False)
-    kwargs: dict = field(compare=False)
-    cancel: CancelToken = field(compare=False, default_factory=CancelToken)
-
-
-class _Child:
-    """Runs in the engine process: a reader thread queues jobs, the main thread works."""
-
-    def __init__(self, conn: Connection, backend: str) -> None:
-        self.conn = conn
-        self.backend = backend
-        self.engine: Engine | None = None
-        self.send_lock = threading.Lock()
-        self.cond = threading.Condition()
-        self.queue: list[_Job] = []
-        self.jobs: dict[int, _Job] = {}
-        self.running: _Job | None = None
-        self.closing = False
-
-    def send(self, *message: Any) -> None:
-        with self.send_lock:
-            self.conn.send(message)
-
-    def read_loop(self) -> None:
-        while True:
-            try:
-                message = self.conn.recv()
-            except (EOFError, OSError):
-                message = ("shutdown",)
-            kind = message[0]
-            if kind == "shutdown":
-                with self.cond:
-                    self.closing = True
-                    for job in self.jobs.values():
-                        job.cancel.cancel()
-                    self.cond.notify()
-                return
-            if kind == "cancel":
-                with self.cond:
-                    job = self.jobs.get(message[1])
-                    if job is not None:
-                        job.cancel.cancel()
-                continue
-            _, req_id, priority, method, args, kwargs = message
-            if method in _IMMEDIATE and self.engine is not None:
-                self.answer(req_id, method, args, kwargs, None)
-                continue
-            job = _Job(priority, req_id, req_id, method, args, kwargs)
-            with self.cond:
-                self.jobs[req_id] = job
-                heapq.heappush(self.queue, job)
-                running = self.running
-                if running and running.method == "prefill" and priority < running.priority:
-                    running.cancel.cancel()  # a user's send preempts a background prefill
-                self.cond.notify()
-
-    def work_loop(self) -> None:
-        while True:
-            with self.cond:
-                while not self.queue and not self.closing:
-                    self.cond.wait()
-                if self.closing:
-                    return
-                job = heapq.heappop(self.queue)
-                self.running = job
-            if job.cancel.cancelled and job.method in ("generate", "prefill"):
-                self.send("done", job.req_id, _cancelled_stats(len(job.args[0])))
-            else:
-                self.answer(job.req_id, job.method, job.args, job.kwargs, job.cancel)
-            with self.cond:
-                self.running = None
-                self.jobs.pop(job.req_id, None)
-
-    def answer(self, req_id: int, method: str, args: tuple, kwargs: dict, cancel) -> None:
-        try:
-            if method == "load":
-                if self.engine is None:
-                    self.engine = make_engine(self.backend)
-                result = self.engine.load(*args)
-            elif method == "generate":
-                self.send("state", EngineState.GENERATING)
-                result = None
-                for event in self.engine.generate(*args, cancel=cancel, **kwargs):
-                    if isinstance(event, GenerationStats):
-                        result = event
-                    else:
-                        self.send("event", req_id, event)
-            elif method == "prefill":
-                self.send("state", EngineState.PREFILLING)
-                result = self.engine.prefill(*args, cancel=cancel, **kwargs)
-            else:
-                result = getattr(self.engine, method)(*args, **kwargs)
-        except Exception as exc:  # every failure travels back to the caller as words
-            if not isinstance(exc, EngineError):
-                exc = EngineError(f"The engine failed: {type(exc).__name__}: {exc}")
-            self.send("error", req_id, exc, None)
-        else:
-            self.send("done", req_id, result)
-        finally:
-            if method in ("generate", "prefill"):
-                self.send("state", EngineState.READY)
-
-
-def _cancelled_stats(prompt_tokens: int) -> GenerationStats:
-    """What a request cancelled before it started reports."""
-    return GenerationStats(prompt_tokens, 0, 0, 0, 0.0, 0.0, 0.0, FinishReason.CANCELLED)
-
-
-def _child_main(conn: Connection, backend: str) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C belongs to the app, not the engine
-    child = _Child(conn, backend)
-    threading.Thread(target=child.read_loop, name="engine-reader", daemon=True).start()
-    child.work_loop()
 
 
 # -- the asyncio client --------------------------------------------------------------------
@@ -244,6 +93,7 @@ class EngineClient:
         *,
         backend: str = "llama.cpp",
         on_state: Callable[[EngineState, str], None] | None = None,
+        log_path: Path | None = None,
     ) -> None:
         self.options = options
         self.backend = backend
@@ -252,7 +102,8 @@ class EngineClient:
         self.last_error = ""
         self._on_state = on_state
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._process: mp.process.BaseProcess | None = None
+        self._log_path = log_path or Path(os.devnull)
+        self._process: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._send_lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
@@ -260,6 +111,16 @@ class EngineClient:
         self._ready: asyncio.Future[ModelInfo] | None = None
         self._restarts: list[float] = []
         self._closing = False
+        self._tokenizer: tuple[tuple[str, str], Tokenizer] | None = None
+
+    def local_tokenizer(self) -> Tokenizer:
+        """The model's tokenizer in this process (vocab only, no weights), for building
+        prompts synchronously; tokenizing through the engine process would need a round trip
+        per piece."""
+        key = (self.backend, self.options.model_path)
+        if self._tokenizer is None or self._tokenizer[0] != key:
+            self._tokenizer = (key, load_tokenizer(*key))
+        return self._tokenizer[1]
 
     @property
     def pid(self) -> int | None:
@@ -276,13 +137,16 @@ class EngineClient:
         return await self._ready
 
     def _spawn(self) -> None:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe(duplex=True)
-        process = ctx.Process(
-            target=_child_main, args=(child, self.backend), name="stoke-engine", daemon=True
-        )
-        process.start()
-        child.close()
+        ours, theirs = socket.socketpair()
+        with theirs, self._log_path.open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "app.engine", str(theirs.fileno()), self.backend],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+        parent = Connection(ours.detach())
         self._process, self._conn = process, parent
         threading.Thread(
             target=self._read_loop, args=(parent, process), name="engine-client", daemon=True
@@ -320,14 +184,15 @@ class EngineClient:
                 self._send(("shutdown",))
         process = self._process
         if process is not None:
-            await asyncio.get_running_loop().run_in_executor(None, process.join, 5)
-            if process.is_alive():
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, process.wait, 5)
+            except subprocess.TimeoutExpired:
                 process.kill()
         self._stop_process()
         self._set_state(EngineState.STOPPED, "")
 
     def _stop_process(self) -> None:
-        if self._process is not None and self._process.is_alive():
+        if self._process is not None and self._process.poll() is None:
             self._process.kill()
         if self._conn is not None:
             self._conn.close()
@@ -340,6 +205,9 @@ class EngineClient:
 
     async def detokenize(self, tokens: Sequence[int]) -> str:
         return await self._call("detokenize", (list(tokens),))
+
+    async def resident_tokens(self, slot: str = "default") -> list[int]:
+        return await self._call("resident_tokens", (slot,))
 
     async def prefill(
         self,
@@ -403,15 +271,19 @@ class EngineClient:
 
     # -- the reader thread and its hand-off to the loop --
 
-    def _read_loop(self, conn: Connection, process: mp.process.BaseProcess) -> None:
+    def _read_loop(self, conn: Connection, process: subprocess.Popen) -> None:
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
                 break
             self._loop.call_soon_threadsafe(self._dispatch, message)
-        process.join(timeout=5)
-        self._loop.call_soon_threadsafe(self._on_child_died, process, process.exitcode)
+        try:
+            exitcode = process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            exitcode = process.wait()
+        self._loop.call_soon_threadsafe(self._on_child_died, process, exitcode)
 
     def _dispatch(self, message: tuple) -> None:
         kind = message[0]
@@ -439,7 +311,7 @@ class EngineClient:
         elif not pending.future.done():
             pending.future.set_exception(error)
 
-    def _on_child_died(self, process: mp.process.BaseProcess, exitcode: int | None) -> None:
+    def _on_child_died(self, process: subprocess.Popen, exitcode: int | None) -> None:
         if process is not self._process:
             return  # an old child we already replaced
         self._process = None

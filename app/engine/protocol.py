@@ -168,6 +168,10 @@ class Engine(Protocol):
 
     def detokenize(self, tokens: Sequence[int]) -> str: ...
 
+    def resident_tokens(self, slot: str) -> list[int]:
+        """The tokens whose KV the slot holds now (empty when not resident)."""
+        ...
+
     def prefill(
         self, tokens: Sequence[int], *, slot: str = "default", cancel: CancelToken | None = None
     ) -> GenerationStats:

@@ -83,6 +83,68 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+class Vocab:
+    """A model's tokenizer, over llama.cpp's vocab (read-only, safe beside a running decode)."""
+
+    def __init__(self, model: llama_cpp.llama_model_p, *, owns_model: bool = False) -> None:
+        self.ptr = llama_cpp.llama_model_get_vocab(model)
+        self._model = model if owns_model else None  # a vocab-only model is ours to free
+
+    def __del__(self) -> None:
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self.ptr, data, len(data), buf, capacity, False, special)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self.ptr, data, len(data), buf, capacity, False, special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes of one token; control tokens are rendered as their text."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.ptr, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.ptr, token, buf, len(buf), 0, True)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+    def text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return llama_cpp.llama_vocab_get_text(self.ptr, token).decode("utf-8", "replace")
+
+
+def _load_model(path: Path, params: llama_cpp.llama_model_params) -> llama_cpp.llama_model_p:
+    log = _install_log()
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        reason = log.reason() or "llama.cpp could not read it"
+        raise ModelLoadError(
+            f"Could not load the model {path.name}: {reason}. The file may be truncated, "
+            "damaged or of an architecture this llama.cpp does not know; download it again "
+            "or choose another model."
+        )
+    return model
+
+
+def load_vocab(model_path: str) -> Vocab:
+    """Only the tokenizer of a GGUF (no weights): lets the app build prompts in-process."""
+    path = check_gguf(model_path)
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = _load_model(path, params)
+    return Vocab(model, owns_model=True)
+
+
 class LlamaCppEngine:
     """Engine contract over llama.cpp. Not thread-safe: the engine host serialises calls."""
 
@@ -104,18 +166,10 @@ class LlamaCppEngine:
 
     def load(self, options: LoadOptions) -> ModelInfo:
         self.unload()
-        log = _install_log()
         path = check_gguf(options.model_path)
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
-        model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
-        if not model:
-            reason = log.reason() or "llama.cpp could not read it"
-            raise ModelLoadError(
-                f"Could not load the model {path.name}: {reason}. The file may be truncated, "
-                "damaged or of an architecture this llama.cpp does not know; download it again "
-                "or choose another model."
-            )
+        model = _load_model(path, mparams)
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = min(options.n_ctx, n_ctx_train) if n_ctx_train > 0 else options.n_ctx
@@ -132,26 +186,26 @@ class LlamaCppEngine:
         ctx = llama_cpp.llama_init_from_model(model, cparams)
         if not ctx:
             llama_cpp.llama_model_free(model)
-            reason = log.reason() or "not enough memory for the context"
+            reason = _install_log().reason() or "not enough memory for the context"
             raise ModelLoadError(
                 f"Could not create a context of {cparams.n_ctx:,} tokens for {path.name}: "
                 f"{reason}. Try a smaller context size."
             )
         self._model, self._ctx, self._options = model, ctx, options
-        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self._vocab = Vocab(model)
         self._batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
         self._free_seq_ids = list(range(options.n_seq_max))
-        n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab.ptr)
         self._eog = frozenset(
-            t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t)
+            t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab.ptr, t)
         )
         self.info = self._describe(path, n_ctx_train, n_vocab)
         return self.info
 
     def _describe(self, path: Path, n_ctx_train: int, n_vocab: int) -> ModelInfo:
         template = llama_cpp.llama_model_chat_template(self._model, None)
-        bos = llama_cpp.llama_vocab_bos(self._vocab)
-        eos = llama_cpp.llama_vocab_eos(self._vocab)
+        bos = llama_cpp.llama_vocab_bos(self._vocab.ptr)
+        eos = llama_cpp.llama_vocab_eos(self._vocab.ptr)
         return ModelInfo(
             path=str(path),
             name=self._meta("general.name") or path.stem,
@@ -161,9 +215,9 @@ class LlamaCppEngine:
             n_ctx_train=n_ctx_train,
             n_vocab=n_vocab,
             chat_template=template.decode("utf-8", "replace") if template else None,
-            bos_token=self._token_text(bos),
-            eos_token=self._token_text(eos),
-            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self._vocab)),
+            bos_token=self._vocab.text(bos),
+            eos_token=self._vocab.text(eos),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self._vocab.ptr)),
             bos_id=bos if bos >= 0 else None,
             eog_ids=tuple(sorted(self._eog)),
             backend=self.backend_name,
@@ -174,11 +228,6 @@ class LlamaCppEngine:
         buf = ctypes.create_string_buffer(512)
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
-    def _token_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
 
     def unload(self) -> None:
         if self._batch is not None:
@@ -195,28 +244,18 @@ class LlamaCppEngine:
     # -- tokens ---------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buf = (llama_cpp.llama_token * capacity)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, False, special)
-        if n < 0:
-            capacity = -n
-            buf = (llama_cpp.llama_token * capacity)()
-            n = llama_cpp.llama_tokenize(
-                self._vocab, data, len(data), buf, capacity, False, special
-            )
-        return list(buf[:n])
+        return self._require_vocab().tokenize(text, special=special)
 
     def token_bytes(self, token: int) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
-        return buf.raw[:n]
+        return self._require_vocab().token_bytes(token)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+        return self._require_vocab().detokenize(tokens)
+
+    def _require_vocab(self) -> Vocab:
+        if self._vocab is None:
+            raise EngineError("No model is loaded.")
+        return self._vocab
 
     # -- slots ----------------------------------------------------------------------------
 

@@ -1,0 +1,281 @@
+"""`stoke chat`: an interactive terminal chat, and one-shot JSON turns for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import Iterator
+
+from app import paths
+from app.conversations import Conversation, ConversationStore, StoreError
+from app.engine.host import EngineClient, EngineCrashedError
+from app.engine.protocol import ContextOverflowError, EngineError, LoadOptions, TokenEvent
+from app.models.default import default_model_path
+from app.session import ChatSession, TurnResult
+from app.settings import Settings
+
+HELP = """Commands:
+  /new              start a new conversation
+  /list             list conversations
+  /open ID          continue a conversation (an id prefix is enough)
+  /regen            regenerate the last reply (a new branch)
+  /edit TEXT        replace your last message with TEXT and resend (a new branch)
+  /system TEXT      set this conversation's system prompt (/system alone clears it)
+  /drop             drop the oldest turns when the conversation outgrows the context
+  /help             this help
+  /quit             leave (Ctrl+D works too); Ctrl+C stops a reply"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("chat", help="chat in the terminal, or send one message")
+    add_model_arguments(parser)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--new", action="store_true", help="start a new conversation")
+    which.add_argument("--conversation", "-c", metavar="ID", help="continue this conversation")
+    parser.add_argument("--message", "-m", metavar="TEXT", help="send one message and exit")
+    parser.add_argument("--json", action="store_true", help="print the reply and stats as JSON")
+    parser.add_argument("--system", metavar="TEXT", help="system prompt of a new conversation")
+    parser.add_argument("--temperature", type=float, help="sampling temperature (0: greedy)")
+    parser.add_argument("--seed", type=int, help="sampling seed")
+    parser.add_argument("--max-tokens", type=int, help="longest reply, in tokens")
+    parser.add_argument(
+        "--drop-oldest",
+        action="store_true",
+        help="when the conversation outgrows the context, leave out its oldest turns",
+    )
+    parser.add_argument("--list", action="store_true", help="list conversations and exit")
+    parser.set_defaults(run=run)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="PATH", help="a GGUF model (default: SmolLM2-135M)")
+    parser.add_argument("--ctx", type=int, metavar="N", help="context size in tokens")
+
+
+def load_options(args: argparse.Namespace) -> LoadOptions:
+    settings = Settings.load()
+    model = args.model or settings.model_path or str(default_model_path())
+    return LoadOptions(
+        model_path=model,
+        n_ctx=args.ctx or settings.n_ctx,
+        n_threads=settings.n_threads,
+        n_gpu_layers=settings.n_gpu_layers,
+    )
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line, never a traceback."""
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        with ConversationStore.open() as store:
+            if store.recovered_from is not None:
+                _warn(
+                    f"The conversation database was damaged; it was moved to "
+                    f"{store.recovered_from} and a new one was started."
+                )
+            if args.list:
+                _print_list(store)
+                return 0
+            return asyncio.run(_run(args, store))
+    except (StoreError, EngineError, UserError) as exc:
+        return _fail(args, exc)
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run(args: argparse.Namespace, store: ConversationStore) -> int:
+    client = EngineClient(load_options(args), log_path=paths.cache_dir() / "engine.log")
+    session = ChatSession(store, client)
+    conversation = _pick_conversation(args, store)
+    try:
+        if args.message is None and not sys.stdin.isatty() and not args.json:
+            args.message = sys.stdin.read()
+        if args.message is not None:
+            await client.start()
+            result = await session.send(
+                conversation.id,
+                args.message,
+                drop_oldest=args.drop_oldest,
+                on_token=None if args.json else _echo,
+            )
+            _print_result(args, result)
+            return 0 if result.status == "complete" else 1
+        return await _interactive(session, conversation, args)
+    finally:
+        await client.close()
+
+
+def _pick_conversation(args: argparse.Namespace, store: ConversationStore) -> Conversation:
+    if args.conversation:
+        conversation = store.get_conversation(args.conversation)
+    elif args.new or args.message is not None:
+        conversation = store.create_conversation(system_prompt=args.system)
+    else:
+        conversation = store.most_recent() or store.create_conversation(system_prompt=args.system)
+    sampling = dict(conversation.sampling)
+    for key, value in (
+        ("temperature", args.temperature),
+        ("seed", args.seed),
+        ("max_tokens", args.max_tokens),
+    ):
+        if value is not None:
+            sampling[key] = value
+    if sampling != conversation.sampling:
+        store.set_sampling(conversation.id, sampling)
+    return store.get_conversation(conversation.id)
+
+
+async def _interactive(
+    session: ChatSession, conversation: Conversation, args: argparse.Namespace
+) -> int:
+    store = session.store
+    print(f"Loading {session.engine.options.model_path} …", file=sys.stderr)
+    info = await session.engine.start()
+    print(f"{info.name} · {info.backend} · context {info.n_ctx:,} tokens. /help for commands.")
+    _show_history(store, conversation)
+    drop_oldest = args.drop_oldest
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            line = await loop.run_in_executor(None, input, "\n> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        command, _, rest = line.strip().partition(" ")
+        try:
+            if command in ("/quit", "/exit"):
+                return 0
+            if command == "/help":
+                print(HELP)
+            elif command == "/new":
+                conversation = store.create_conversation()
+                print(f"New conversation {conversation.id[:8]}.")
+            elif command == "/list":
+                _print_list(store)
+            elif command == "/open":
+                conversation = store.get_conversation(rest.strip())
+                _show_history(store, conversation)
+            elif command == "/system":
+                store.set_system_prompt(conversation.id, rest.strip() or None)
+                conversation = store.get_conversation(conversation.id)
+                print("System prompt set." if rest.strip() else "System prompt cleared.")
+            elif command == "/drop":
+                drop_oldest = True
+                print("Oldest turns will be left out when the context is full.")
+            elif command in ("/regen", "/edit"):
+                last = _last_of(store, conversation, "assistant" if command == "/regen" else "user")
+                with _cancel_on_ctrl_c(session):
+                    if command == "/regen":
+                        result = await session.regenerate(
+                            last, drop_oldest=drop_oldest, on_token=_echo
+                        )
+                    else:
+                        result = await session.edit(
+                            last, rest, drop_oldest=drop_oldest, on_token=_echo
+                        )
+                _print_stats(result)
+            elif command.startswith("/"):
+                print(f"Unknown command {command}. /help lists them.")
+            elif line.strip():
+                with _cancel_on_ctrl_c(session):
+                    result = await session.send(
+                        conversation.id, line, drop_oldest=drop_oldest, on_token=_echo
+                    )
+                _print_stats(result)
+        except ContextOverflowError as exc:
+            print(f"\n{exc}\nType /drop to leave out the oldest turns, or /new to start anew.")
+        except EngineCrashedError as exc:
+            print(f"\n[{exc} Your partial reply was kept, marked interrupted.]")
+        except (StoreError, EngineError, UserError) as exc:
+            print(f"\n{exc}")
+        conversation = store.get_conversation(conversation.id)
+
+
+@contextlib.contextmanager
+def _cancel_on_ctrl_c(session: ChatSession) -> Iterator[None]:
+    """While a reply streams, Ctrl+C stops it (the reply is kept) instead of quitting."""
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, session.cancel)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+def _last_of(store: ConversationStore, conversation: Conversation, role: str) -> str:
+    for message in reversed(store.current_path(conversation.id)):
+        if message.role == role:
+            return message.id
+    raise UserError(
+        "There is no reply to regenerate yet."
+        if role == "assistant"
+        else "There is no message of yours to edit yet."
+    )
+
+
+def _show_history(store: ConversationStore, conversation: Conversation) -> None:
+    path = store.current_path(conversation.id)
+    title = conversation.title or "new conversation"
+    print(f"— {title} ({conversation.id[:8]}, {len(path)} messages) —")
+    for message in path[-6:]:
+        who = "you" if message.role == "user" else "stoke"
+        mark = " [interrupted]" if message.status == "interrupted" else ""
+        print(f"{who}: {message.content}{mark}")
+
+
+def _print_list(store: ConversationStore) -> None:
+    conversations = store.list_conversations()
+    if not conversations:
+        print("No conversations yet. `stoke chat` starts one.")
+    for c in conversations:
+        pin = "*" if c.pinned else " "
+        print(f"{pin} {c.id[:8]}  {c.title or '(untitled)'}")
+
+
+def _echo(event: TokenEvent) -> None:
+    sys.stdout.write(event.text)
+    sys.stdout.flush()
+
+
+def _print_stats(result: TurnResult) -> None:
+    stats = result.stats
+    note = " [stopped]" if result.status == "interrupted" else ""
+    if stats is None:
+        print(note)
+        return
+    dropped = f" · left out {result.dropped_turns} old messages" if result.dropped_turns else ""
+    print(
+        f"{note}\n  ttft {stats.ttft_s:.2f} s · reused {stats.reused_tokens:,} of "
+        f"{stats.prompt_tokens:,} prompt tokens · prefilled {stats.prefilled_tokens:,} · "
+        f"{stats.decode_tok_s:.0f} tok/s{dropped}",
+        file=sys.stderr,
+    )
+
+
+def _print_result(args: argparse.Namespace, result: TurnResult) -> None:
+    if args.json:
+        print(json.dumps(result.as_dict(), ensure_ascii=False))
+    else:
+        print()
+        _print_stats(result)
+
+
+def _fail(args: argparse.Namespace, exc: Exception) -> int:
+    if getattr(args, "json", False):
+        error: dict[str, object] = {"error": str(exc), "kind": type(exc).__name__}
+        if isinstance(exc, ContextOverflowError):
+            error.update(prompt_tokens=exc.prompt_tokens, n_ctx=exc.n_ctx)
+        print(json.dumps(error, ensure_ascii=False))
+    else:
+        print(f"stoke: {exc}", file=sys.stderr)
+    return 1
+
+
+def _warn(message: str) -> None:
+    print(f"stoke: {message}", file=sys.stderr)

@@ -1,0 +1,303 @@
+"""One chat turn, end to end: store the message, build the exact prompt, stream and save.
+
+The order is what keeps promises: the user's message is committed before the engine sees
+it; the reply is saved while it streams (every `SAVE_INTERVAL_S`), so a crash leaves it
+marked interrupted, never lost; and the prompt comes from the conversation's Transcript,
+so each turn appends to the tokens the engine already holds. The CLI and the window both
+drive turns through ChatSession; it knows nothing of terminals or Qt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.conversations import Conversation, ConversationStore, Message
+from app.engine.chat_template import ChatTemplate
+from app.engine.host import EngineClient, EngineCrashedError, Generation
+from app.engine.protocol import (
+    ContextOverflowError,
+    EngineError,
+    FinishReason,
+    GenerationStats,
+    ModelInfo,
+    SamplingParams,
+    TokenEvent,
+)
+from app.engine.transcript import Transcript, Turn
+
+SAVE_INTERVAL_S = 0.1
+DEFAULT_MAX_TOKENS = 1024
+REPLY_ROOM = 0.25  # share of the context kept free for the reply when dropping old turns
+
+
+class EmptyMessageError(EngineError):
+    def __init__(self) -> None:
+        super().__init__("The message is empty. Type something to send.")
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    conversation_id: str
+    user_message_id: str
+    reply_message_id: str
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats | None
+    status: str  # complete | interrupted
+    dropped_turns: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "conversation_id": self.conversation_id,
+            "user_message_id": self.user_message_id,
+            "reply_message_id": self.reply_message_id,
+            "reply": self.text,
+            "status": self.status,
+            "dropped_turns": self.dropped_turns,
+            "stats": self.stats.as_dict() if self.stats else None,
+        }
+
+
+def sampling_of(conversation: Conversation) -> tuple[SamplingParams, int]:
+    """The conversation's sampling settings over the defaults, and its max tokens."""
+    settings = dict(conversation.sampling)
+    max_tokens = int(settings.pop("max_tokens", DEFAULT_MAX_TOKENS))
+    known = {
+        k: settings[k] for k in ("temperature", "top_p", "min_p", "top_k", "seed") if k in settings
+    }
+    return SamplingParams(**known), max_tokens
+
+
+class ChatSession:
+    """Turns for any conversation of one store, on one engine."""
+
+    def __init__(self, store: ConversationStore, engine: EngineClient) -> None:
+        self.store = store
+        self.engine = engine
+        self._transcripts: dict[str, tuple[str, Transcript]] = {}  # conversation -> (leaf, t)
+        self._active: Generation | None = None
+
+    @property
+    def info(self) -> ModelInfo:
+        if self.engine.info is None:
+            raise EngineError("The engine has no model loaded yet.")
+        return self.engine.info
+
+    def cancel(self) -> None:
+        """Stop the reply being generated, if any; it is kept and marked interrupted."""
+        if self._active is not None:
+            self._active.cancel()
+
+    # -- turns --
+
+    async def send(
+        self,
+        conversation_id: str,
+        text: str,
+        *,
+        parent_id: str | None = None,
+        drop_oldest: bool = False,
+        on_token: Callable[[TokenEvent], None] | None = None,
+    ) -> TurnResult:
+        """Add a user message (after `parent_id`, default the current leaf) and reply to it."""
+        if not text.strip():
+            raise EmptyMessageError()
+        conversation = self.store.get_conversation(conversation_id)
+        if parent_id is None:
+            parent_id = conversation.current_leaf_id
+        user = self._unanswered(conversation.id, parent_id, text) or self.store.add_message(
+            conversation.id, parent_id, "user", text
+        )
+        return await self._reply(conversation, user, drop_oldest=drop_oldest, on_token=on_token)
+
+    def _unanswered(self, conversation_id: str, leaf_id: str | None, text: str) -> Message | None:
+        """The same message sent again after a turn that never started (context full):
+        answer the stored one instead of adding a twin."""
+        if leaf_id is None:
+            return None
+        leaf = self.store.get_message(leaf_id)
+        if leaf.role == "user" and leaf.content == text:
+            return leaf
+        return None
+
+    async def edit(self, user_message_id: str, text: str, **kwargs: object) -> TurnResult:
+        """Edit-and-resend: a new user message beside the old one, then its reply."""
+        old = self.store.get_message(user_message_id)
+        if old.role != "user":
+            raise EngineError("Only your own messages can be edited.")
+        return await self.send(old.conversation_id, text, parent_id=old.parent_id, **kwargs)
+
+    async def regenerate(self, reply_message_id: str, **kwargs: object) -> TurnResult:
+        """A new reply beside an old one, to the same user message."""
+        old = self.store.get_message(reply_message_id)
+        if old.role != "assistant" or old.parent_id is None:
+            raise EngineError("Only a reply can be regenerated.")
+        conversation = self.store.get_conversation(old.conversation_id)
+        user = self.store.get_message(old.parent_id)
+        return await self._reply(conversation, user, **kwargs)
+
+    async def _reply(
+        self,
+        conversation: Conversation,
+        user: Message,
+        *,
+        drop_oldest: bool = False,
+        on_token: Callable[[TokenEvent], None] | None = None,
+    ) -> TurnResult:
+        info = await self.engine.ready()
+        history = self.store.path_to(user.id)
+        transcript, dropped = self._fit(conversation, history, info, drop_oldest=drop_oldest)
+        prompt = transcript.prompt()
+        sampling, max_tokens = sampling_of(conversation)
+        reply = self.store.add_message(
+            conversation.id,
+            user.id,
+            "assistant",
+            "",
+            status="streaming",
+            tokens_fingerprint=info.fingerprint,
+        )
+        text, tokens, stats, status = await self._stream(
+            reply, prompt, sampling, max_tokens, slot=conversation.id, on_token=on_token
+        )
+        if status == "complete" and not dropped:
+            transcript.add_reply(text, tokens, info.fingerprint)
+            self._transcripts[conversation.id] = (reply.id, transcript)
+        return TurnResult(conversation.id, user.id, reply.id, text, tokens, stats, status, dropped)
+
+    async def _stream(
+        self,
+        reply: Message,
+        prompt: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        *,
+        slot: str,
+        on_token: Callable[[TokenEvent], None] | None,
+    ) -> tuple[str, list[int], GenerationStats | None, str]:
+        """Generate into `reply`, saving as it streams; a crash leaves it interrupted."""
+        pieces: list[str] = []
+        tokens: list[int] = []
+        saved_at = time.monotonic()
+        try:
+            self._active = await self.engine.generate(prompt, sampling, max_tokens, slot=slot)
+            async for event in self._active:
+                pieces.append(event.text)
+                tokens.append(event.token_id)
+                if on_token is not None:
+                    on_token(event)
+                if time.monotonic() - saved_at >= SAVE_INTERVAL_S:
+                    self.store.update_message(reply.id, content="".join(pieces), token_ids=tokens)
+                    saved_at = time.monotonic()
+        except EngineCrashedError:
+            self.store.update_message(
+                reply.id,
+                content="".join(pieces),
+                token_ids=tokens,
+                status="interrupted",
+                finish_reason="crashed",
+            )
+            self._transcripts.pop(reply.conversation_id, None)
+            raise
+        except BaseException:
+            self.store.update_message(
+                reply.id,
+                content="".join(pieces),
+                token_ids=tokens,
+                status="interrupted",
+                finish_reason="error",
+            )
+            raise
+        finally:
+            generation, self._active = self._active, None
+        stats = generation.stats
+        cancelled = stats is not None and stats.finish_reason == FinishReason.CANCELLED
+        status = "interrupted" if cancelled else "complete"
+        self.store.update_message(
+            reply.id,
+            content="".join(pieces),
+            token_ids=tokens,
+            status=status,
+            finish_reason=str(stats.finish_reason) if stats else None,
+            stats=stats.as_dict() if stats else None,
+        )
+        return "".join(pieces), tokens, stats, status
+
+    # -- prompts --
+
+    def transcript(self, conversation: Conversation, history: list[Message]) -> Transcript:
+        """The token-exact prompt of `history`, extended from the cached one when it can be."""
+        info = self.info
+        cached = self._transcripts.get(conversation.id)
+        if cached is not None:
+            leaf, transcript = cached
+            ids = [m.id for m in history]
+            if transcript.fingerprint == info.fingerprint and leaf in ids:
+                for message in history[ids.index(leaf) + 1 :]:
+                    self._add(transcript, message)
+                return transcript
+        return self._build(conversation, history)
+
+    def _build(self, conversation: Conversation, history: list[Message]) -> Transcript:
+        info = self.info
+        turns = [Turn("system", conversation.system_prompt)] if conversation.system_prompt else []
+        turns += [
+            Turn(
+                m.role,
+                m.content,
+                tuple(m.token_ids) if m.token_ids is not None else None,
+                m.tokens_fingerprint,
+            )
+            for m in history
+        ]
+        template = ChatTemplate(
+            info.chat_template, bos_token=info.bos_token, eos_token=info.eos_token
+        )
+        return Transcript.from_turns(
+            turns,
+            template=template,
+            tokenizer=self.engine.local_tokenizer(),
+            fingerprint=info.fingerprint,
+            bos_id=info.bos_id,
+            add_bos=info.add_bos,
+        )
+
+    @staticmethod
+    def _add(transcript: Transcript, message: Message) -> None:
+        if message.role == "assistant":
+            tokens = tuple(message.token_ids) if message.token_ids is not None else None
+            transcript.add_reply(message.content, tokens, message.tokens_fingerprint)
+        else:
+            transcript.add_message(message.role, message.content)
+
+    def _fit(
+        self,
+        conversation: Conversation,
+        history: list[Message],
+        info: ModelInfo,
+        *,
+        drop_oldest: bool,
+    ) -> tuple[Transcript, int]:
+        """The transcript for `history`, or raise ContextOverflowError; with `drop_oldest`,
+        leave out the oldest turns (never the system prompt) until it fits with room."""
+        transcript = self.transcript(conversation, history)
+        prompt_len = len(transcript.prompt())
+        if prompt_len < info.n_ctx:
+            return transcript, 0
+        if not drop_oldest:
+            raise ContextOverflowError(prompt_len, info.n_ctx)
+        budget = int(info.n_ctx * (1 - REPLY_ROOM))
+        for start in range(1, len(history)):
+            if history[start].role != "user":
+                continue
+            window = self._build(conversation, history[start:])
+            if len(window.prompt()) <= budget:
+                return window, start
+        raise ContextOverflowError(
+            prompt_len,
+            info.n_ctx,
+            f"Your last message alone is too long for the context of {info.n_ctx:,} tokens. "
+            "Shorten it, or load the model with a larger context.",
+        )

@@ -1,0 +1,44 @@
+"""Typed app settings in one JSON file under the config dir. Secrets never go here.
+
+A missing or damaged file gives the defaults (a damaged one is kept aside, not overwritten).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from app import paths
+
+DEFAULT_N_CTX = 8192
+
+
+@dataclass
+class Settings:
+    model_path: str | None = None  # None: the bundled default model
+    engine: str = "llama.cpp"
+    n_ctx: int = DEFAULT_N_CTX
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Settings:
+        path = path or paths.config_dir() / "settings.json"
+        try:
+            raw = json.loads(path.read_text("utf-8"))
+        except FileNotFoundError:
+            return cls()
+        except (OSError, ValueError):
+            path.replace(path.with_suffix(".json.damaged"))
+            return cls()
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    def save(self, path: Path | None = None) -> None:
+        """Written to a temp file and renamed, so a crash never leaves half a file."""
+        path = path or paths.config_dir() / "settings.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2), "utf-8")
+        os.replace(tmp, path)
