@@ -60,6 +60,15 @@ class TurnResult:
         }
 
 
+@dataclass
+class _Cached:
+    """A conversation's last transcript and the message ids (root first) it covers."""
+
+    ids: list[str]
+    system_prompt: str | None
+    transcript: Transcript
+
+
 def sampling_of(conversation: Conversation) -> tuple[SamplingParams, int]:
     """The conversation's sampling settings over the defaults, and its max tokens."""
     settings = dict(conversation.sampling)
@@ -76,7 +85,7 @@ class ChatSession:
     def __init__(self, store: ConversationStore, engine: EngineClient) -> None:
         self.store = store
         self.engine = engine
-        self._transcripts: dict[str, tuple[str, Transcript]] = {}  # conversation -> (leaf, t)
+        self._transcripts: dict[str, _Cached] = {}  # by conversation id
         self._active: Generation | None = None
 
     @property
@@ -162,9 +171,10 @@ class ChatSession:
         text, tokens, stats, status = await self._stream(
             reply, prompt, sampling, max_tokens, slot=conversation.id, on_token=on_token
         )
-        if status == "complete" and not dropped:
+        cached = self._transcripts.get(conversation.id)
+        if cached is not None and cached.transcript is transcript:
             transcript.add_reply(text, tokens, info.fingerprint)
-            self._transcripts[conversation.id] = (reply.id, transcript)
+            cached.ids.append(reply.id)
         return TurnResult(conversation.id, user.id, reply.id, text, tokens, stats, status, dropped)
 
     async def _stream(
@@ -230,15 +240,21 @@ class ChatSession:
     def transcript(self, conversation: Conversation, history: list[Message]) -> Transcript:
         """The token-exact prompt of `history`, extended from the cached one when it can be."""
         info = self.info
+        ids = [m.id for m in history]
         cached = self._transcripts.get(conversation.id)
-        if cached is not None:
-            leaf, transcript = cached
-            ids = [m.id for m in history]
-            if transcript.fingerprint == info.fingerprint and leaf in ids:
-                for message in history[ids.index(leaf) + 1 :]:
-                    self._add(transcript, message)
-                return transcript
-        return self._build(conversation, history)
+        if (
+            cached is not None
+            and cached.transcript.fingerprint == info.fingerprint
+            and cached.system_prompt == conversation.system_prompt
+            and ids[: len(cached.ids)] == cached.ids
+        ):
+            for message in history[len(cached.ids) :]:
+                self._add(cached.transcript, message)
+            cached.ids = ids
+            return cached.transcript
+        transcript = self._build(conversation, history)
+        self._transcripts[conversation.id] = _Cached(ids, conversation.system_prompt, transcript)
+        return transcript
 
     def _build(self, conversation: Conversation, history: list[Message]) -> Transcript:
         info = self.info

@@ -112,6 +112,7 @@ class EngineClient:
         self._restarts: list[float] = []
         self._closing = False
         self._tokenizer: tuple[tuple[str, str], Tokenizer] | None = None
+        self._reader: threading.Thread | None = None
 
     def local_tokenizer(self) -> Tokenizer:
         """The model's tokenizer in this process (vocab only, no weights), for building
@@ -148,9 +149,10 @@ class EngineClient:
             )
         parent = Connection(ours.detach())
         self._process, self._conn = process, parent
-        threading.Thread(
+        self._reader = threading.Thread(
             target=self._read_loop, args=(parent, process), name="engine-client", daemon=True
-        ).start()
+        )
+        self._reader.start()
         self._set_state(EngineState.LOADING, "")
         self._loop.create_task(self._load())
 
@@ -182,13 +184,15 @@ class EngineClient:
         if self._conn is not None:
             with contextlib.suppress(EngineCrashedError):
                 self._send(("shutdown",))
-        process = self._process
+        process, loop = self._process, asyncio.get_running_loop()
         if process is not None:
             try:
-                await asyncio.get_running_loop().run_in_executor(None, process.wait, 5)
+                await loop.run_in_executor(None, process.wait, 5)
             except subprocess.TimeoutExpired:
                 process.kill()
         self._stop_process()
+        if self._reader is not None:
+            await loop.run_in_executor(None, self._reader.join, 5)
         self._set_state(EngineState.STOPPED, "")
 
     def _stop_process(self) -> None:
@@ -277,13 +281,22 @@ class EngineClient:
                 message = conn.recv()
             except (EOFError, OSError):
                 break
-            self._loop.call_soon_threadsafe(self._dispatch, message)
+            if not self._to_loop(self._dispatch, message):
+                return
         try:
             exitcode = process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             process.kill()
             exitcode = process.wait()
-        self._loop.call_soon_threadsafe(self._on_child_died, process, exitcode)
+        self._to_loop(self._on_child_died, process, exitcode)
+
+    def _to_loop(self, callback: Callable[..., None], *args: object) -> bool:
+        """Hand a callback to the event loop; False once the loop has closed (app exit)."""
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            return False
+        return True
 
     def _dispatch(self, message: tuple) -> None:
         kind = message[0]

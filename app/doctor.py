@@ -1,0 +1,318 @@
+"""`stoke doctor`: what this installation can and cannot do, in one report.
+
+A bug report with this attached answers the first questions (versions, devices, whether the
+model loads, where files live) before anyone has to ask. Collecting never raises: a broken
+piece becomes a line in the report, since a broken installation is when the report matters.
+Loads run in subprocesses, so a runtime that crashes or hangs cannot take the report with it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app import paths
+
+LOAD_TIMEOUT_S = 60.0
+NO_KEYRING = "no keyring backend: secrets are kept in memory only"
+_GIB = 1 << 30
+_ROOT = Path(__file__).resolve().parents[1]  # the folder holding `app`
+
+# label -> distributions that provide it (PySide6 usually comes as pyside6-essentials)
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "llama-cpp-python": ("llama-cpp-python",),
+    "PySide6": ("PySide6", "PySide6-Essentials"),
+    "qasync": ("qasync",),
+    "mlx": ("mlx",),
+    "mlx-lm": ("mlx-lm",),
+    "keyring": ("keyring",),
+    "platformdirs": ("platformdirs",),
+    "jinja2": ("jinja2",),
+}
+
+# Run as `python -c` with the model path as argv[1]; prints one JSON line.
+_LLAMACPP_LOAD = """
+import json, sys, time
+from app.engine.llamacpp.backend import LlamaCppEngine
+from app.engine.protocol import EngineError, LoadOptions
+engine = LlamaCppEngine()
+start = time.perf_counter()
+try:
+    engine.load(LoadOptions(sys.argv[1], n_ctx=512))
+except EngineError as exc:
+    print(json.dumps({"ok": False, "error": str(exc)}))
+else:
+    print(json.dumps({"ok": True, "load_s": round(time.perf_counter() - start, 3)}))
+    engine.unload()
+"""
+
+_LLAMACPP_PROBE = """
+import json
+from dataclasses import asdict
+import llama_cpp
+from app.engine.llamacpp import ggml
+print(json.dumps({
+    "ok": True,
+    "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
+    "gpu_offload": ggml.gpu_offload_supported(),
+    "devices": [asdict(d) for d in ggml.list_devices()],
+}))
+"""
+
+_MLX_PROBE = """
+import json
+import mlx.core as mx
+def available(name):
+    backend = getattr(mx, name, None)
+    return bool(backend is not None and backend.is_available())
+print(json.dumps({
+    "ok": True,
+    "device": str(mx.default_device()),
+    "metal": available("metal"),
+    "cuda": available("cuda"),
+}))
+"""
+
+
+def _version(dists: tuple[str, ...]) -> str:
+    for dist in dists:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def _guarded(probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The probe's answer, or its failure as an error entry: one broken piece, one line."""
+    try:
+        return probe()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _run_probe(code: str, args: list[str], timeout: float) -> dict[str, Any]:
+    """Run `code` in a fresh interpreter and read the JSON line it prints last.
+
+    The child imports this same `app` package, installed or not.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"did not finish within {timeout:g} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        try:
+            return json.loads(lines[-1])
+        except json.JSONDecodeError:
+            pass
+    if proc.returncode < 0:
+        return {"ok": False, "error": f"crashed (signal {-proc.returncode})"}
+    tail = proc.stderr.strip().splitlines()
+    reason = tail[-1] if tail else f"exited with status {proc.returncode}"
+    return {"ok": False, "error": reason}
+
+
+def check_llamacpp(
+    model_path: str | Path | None = None, timeout: float = LOAD_TIMEOUT_S
+) -> dict[str, Any]:
+    """Load a model with the real llama.cpp engine in a subprocess: ok and load_s, or error.
+
+    `model_path` defaults to the bundled default model.
+    """
+    if model_path is None:
+        from app.models.default import default_model_path
+
+        try:
+            model_path = default_model_path()
+        except Exception as exc:
+            return {"ok": False, "error": f"no default model: {exc}"}
+    result = _run_probe(_LLAMACPP_LOAD, [str(model_path)], timeout)
+    return {"model_path": str(model_path), **result}
+
+
+def check_mlx(timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+    """Whether MLX imports here and which device it would compute on."""
+    try:
+        installed = importlib.util.find_spec("mlx.core") is not None
+    except (ImportError, ValueError):
+        installed = False
+    if not installed:
+        return {"ok": False, "installed": False, "error": "not installed"}
+    return {"installed": True, **_run_probe(_MLX_PROBE, [], timeout)}
+
+
+def llamacpp_info(timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+    """llama.cpp's build features and devices, asked in a subprocess.
+
+    A wheel built for another CPU dies of an illegal instruction on import, and asking a CUDA
+    device for its memory creates a context: neither should happen to the caller.
+    """
+    return _run_probe(_LLAMACPP_PROBE, [], timeout)
+
+
+def _default_model() -> dict[str, Any]:
+    from app.models.default import default_model_path
+
+    path = default_model_path()
+    exists = path.is_file()
+    return {
+        "path": str(path),
+        "exists": exists,
+        "size_bytes": path.stat().st_size if exists else None,
+    }
+
+
+def _paths() -> dict[str, str]:
+    return {
+        "data_dir": str(paths.data_dir()),
+        "cache_dir": str(paths.cache_dir()),
+        "config_dir": str(paths.config_dir()),
+        "database_path": str(paths.database_path()),
+        "models_dir": str(paths.models_dir()),
+    }
+
+
+def _keyring() -> dict[str, Any]:
+    import keyring
+    from keyring.backends import fail
+
+    backend = keyring.get_keyring()
+    cls = type(backend)
+    usable = not isinstance(backend, fail.Keyring)
+    return {
+        "backend": f"{cls.__module__}.{cls.__qualname__}",
+        "usable": usable,
+        "note": None if usable else NO_KEYRING,
+    }
+
+
+def collect() -> dict[str, Any]:
+    """Everything the report shows, as plain JSON-serialisable data (`stoke doctor --json`)."""
+    machine = platform.machine()
+    return {
+        "stoke": _version(("stoke",)),
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+        },
+        "platform": {
+            "system": platform.platform(),
+            "machine": machine,
+            "apple_silicon": sys.platform == "darwin" and machine == "arm64",
+        },
+        "packages": {label: _version(dists) for label, dists in PACKAGES.items()},
+        "paths": _guarded(_paths),
+        "llama_cpp": llamacpp_info(),
+        "default_model": _guarded(_default_model),
+        "engines": {"llama.cpp": check_llamacpp(), "mlx": check_mlx()},
+        "keyring": _guarded(_keyring),
+    }
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def _gib(n: int) -> str:
+    return f"{n / _GIB:.1f}"
+
+
+def _section(title: str, rows: list[tuple[str, str]]) -> list[str]:
+    width = max((len(key) for key, _ in rows), default=0)
+    return [title, *(f"  {key.ljust(width)}  {value}" for key, value in rows), ""]
+
+
+def _error_rows(part: dict[str, Any]) -> list[tuple[str, str]]:
+    return [("error", part["error"])] if "error" in part else []
+
+
+def _llama_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    if "error" in info:
+        return _error_rows(info)
+    rows = [
+        ("system info", info["system_info"]),
+        ("GPU offload", "yes" if info["gpu_offload"] else "no (CPU-only build)"),
+    ]
+    for i, d in enumerate(info["devices"]):
+        memory = f"{_gib(d['memory_free'])} / {_gib(d['memory_total'])} GiB free"
+        device = f"{d['name']} ({d['kind']}, {d['description']}): {memory}"
+        rows.append(("devices" if i == 0 else "", device))
+    if not info["devices"]:
+        rows.append(("devices", "none found"))
+    return rows
+
+
+def _model_rows(model: dict[str, Any]) -> list[tuple[str, str]]:
+    if "error" in model:
+        return _error_rows(model)
+    size = f"yes, {model['size_bytes'] / 1e6:.1f} MB" if model["exists"] else "NO"
+    return [("path", model["path"]), ("exists", size)]
+
+
+def _llamacpp_line(check: dict[str, Any]) -> str:
+    if not check.get("ok"):
+        return f"cannot load: {check.get('error', 'unknown error')}"
+    return f"ok, loaded the model in {check['load_s']:.2f} s"
+
+
+def _mlx_line(check: dict[str, Any], apple_silicon: bool) -> str:
+    if not check.get("installed"):
+        return "not installed"
+    if not check.get("ok"):
+        return f"cannot import: {check.get('error', 'unknown error')}"
+    line = f"ok, default device {check['device']}"
+    if apple_silicon:
+        line += ", Metal " + ("available" if check["metal"] else "NOT available")
+    elif check["cuda"]:
+        line += ", CUDA available"
+    return line
+
+
+def _keyring_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    if "error" in info:
+        return _error_rows(info)
+    return [("backend", info["backend"]), ("status", info["note"] or "usable")]
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as aligned plain text for a terminal or a bug report."""
+    py, plat = report["python"], report["platform"]
+    lines = _section(
+        f"Stoke {report['stoke']}",
+        [
+            ("python", f"{py['version']} ({py['implementation']}) {py['executable']}"),
+            ("platform", f"{plat['system']} ({plat['machine']})"),
+        ],
+    )
+    lines += _section("Packages", list(report["packages"].items()))
+    report_paths = report["paths"]
+    lines += _section("Paths", _error_rows(report_paths) or list(report_paths.items()))
+    lines += _section("llama.cpp", _llama_rows(report["llama_cpp"]))
+    lines += _section("Default model", _model_rows(report["default_model"]))
+    engines = report["engines"]
+    lines += _section(
+        "Engines",
+        [
+            ("llama.cpp", _llamacpp_line(engines["llama.cpp"])),
+            ("mlx", _mlx_line(engines["mlx"], plat["apple_silicon"])),
+        ],
+    )
+    lines += _section("Keyring", _keyring_rows(report["keyring"]))
+    return "\n".join(lines).rstrip()
