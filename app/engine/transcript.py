@@ -121,8 +121,8 @@ class Transcript:
 
     def _delta(self) -> list[Segment]:
         """Segments for the turns after the last reply, from one render with sentinels."""
-        tag = uuid.uuid4().hex
-        sentinels = [f"\x1f{tag}{i}\x1f" for i in range(len(self.turns))]
+        tag = uuid.uuid4().hex  # private-use delimiters: a template's `| trim` keeps them
+        sentinels = [f"\ue000{tag}{i}\ue001" for i in range(len(self.turns))]
         messages = [
             {"role": t.role, "content": s} for t, s in zip(self.turns, sentinels, strict=False)
         ]
@@ -139,7 +139,7 @@ class Transcript:
         bos_rendered = bool(bos_text) and text.startswith(bos_text)
         if last_reply < 0 and self.add_bos and self.bos_id is not None and not bos_rendered:
             segments.append(Segment("template", (self.bos_id,)))
-        for i, part in enumerate(re.split(f"\x1f{tag}(\\d+)\x1f", text[start:])):
+        for i, part in enumerate(re.split(f"\ue000{tag}(\\d+)\ue001", text[start:])):
             if i % 2 == 0:
                 if part:
                     ids = self.tokenizer.tokenize(part, special=True)
