@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+LINT_DIRS := $(wildcard app tests bench)
 # llama-cpp-python builds from source (about 4 minutes on 2 cores); pip caches the wheel.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
@@ -20,8 +21,8 @@ run: $(STAMP)
 	$(VENV)/bin/stoke $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check app tests bench
-	$(VENV)/bin/ruff format --check app tests bench
+	$(VENV)/bin/ruff check $(LINT_DIRS)
+	$(VENV)/bin/ruff format --check $(LINT_DIRS)
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
