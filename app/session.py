@@ -87,6 +87,7 @@ class ChatSession:
         self.engine = engine
         self._transcripts: dict[str, _Cached] = {}  # by conversation id
         self._active: Generation | None = None
+        self._chat_template: tuple[ModelInfo, ChatTemplate] | None = None
 
     @property
     def info(self) -> ModelInfo:
@@ -245,6 +246,7 @@ class ChatSession:
         if (
             cached is not None
             and cached.transcript.fingerprint == info.fingerprint
+            and cached.transcript.template.source == self._template().source
             and cached.system_prompt == conversation.system_prompt
             and ids[: len(cached.ids)] == cached.ids
         ):
@@ -255,6 +257,30 @@ class ChatSession:
         transcript = self._build(conversation, history)
         self._transcripts[conversation.id] = _Cached(ids, conversation.system_prompt, transcript)
         return transcript
+
+    def _template(self) -> ChatTemplate:
+        info = self.info
+        if self._chat_template is None or self._chat_template[0] is not info:
+            template = ChatTemplate(
+                info.chat_template, bos_token=info.bos_token, eos_token=info.eos_token
+            )
+            self._chat_template = (info, template)
+        return self._chat_template[1]
+
+    def history_tokens(self, conversation_id: str) -> list[int]:
+        """The tokens the next turn's prompt starts with: what opening it can prefill."""
+        conversation = self.store.get_conversation(conversation_id)
+        history = self.store.current_path(conversation.id)
+        transcript = self.transcript(conversation, history)
+        if history and history[-1].role == "user":
+            return transcript.prompt()
+        return transcript.tokens
+
+    def draft_tokens(self, conversation_id: str, draft: str) -> list[int]:
+        """The prompt's tokens through a draft not sent yet: what typing can prefill."""
+        conversation = self.store.get_conversation(conversation_id)
+        history = self.store.current_path(conversation.id)
+        return self.transcript(conversation, history).preview(draft)
 
     def _build(self, conversation: Conversation, history: list[Message]) -> Transcript:
         info = self.info
@@ -268,12 +294,9 @@ class ChatSession:
             )
             for m in history
         ]
-        template = ChatTemplate(
-            info.chat_template, bos_token=info.bos_token, eos_token=info.eos_token
-        )
         return Transcript.from_turns(
             turns,
-            template=template,
+            template=self._template(),
             tokenizer=self.engine.local_tokenizer(),
             fingerprint=info.fingerprint,
             bos_id=info.bos_id,

@@ -210,6 +210,11 @@ class EngineClient:
     async def detokenize(self, tokens: Sequence[int]) -> str:
         return await self._call("detokenize", (list(tokens),))
 
+    async def snapshot(self, slot: str, *, priority: Priority = Priority.BACKGROUND) -> int:
+        """Save the slot's KV to the RAM and disk tiers (in the background by default)."""
+        await self.ready()
+        return await self._call("snapshot", (slot,), priority=priority)
+
     async def resident_tokens(self, slot: str = "default") -> list[int]:
         return await self._call("resident_tokens", (slot,))
 
@@ -257,7 +262,12 @@ class EngineClient:
         req_id = next(self._ids)
         self._pending[req_id] = _Pending(future=future)
         self._send(("call", req_id, int(priority), method, args, kwargs or {}))
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._pending.pop(req_id, None)
+            self._send_cancel(req_id)  # the engine drops it, or stops it between batches
+            raise
 
     def _send(self, message: tuple) -> None:
         conn = self._conn

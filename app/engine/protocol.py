@@ -56,8 +56,12 @@ class LoadOptions:
     n_ubatch: int = 512
     n_threads: int | None = None
     n_gpu_layers: int = 0
-    n_seq_max: int = 1
+    n_seq_max: int = 4  # conversations resident at once, sharing the n_ctx cells
     flash_attn: bool = False
+    chat_template: str | None = None  # overrides the model's own template
+    snapshots: bool = True  # keep KV snapshots in RAM and on disk (kvstore)
+    kv_ram_budget: int = 2 << 30
+    kv_disk_budget: int = 20 << 30
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,10 @@ class Engine(Protocol):
 
     def resident_tokens(self, slot: str) -> list[int]:
         """The tokens whose KV the slot holds now (empty when not resident)."""
+        ...
+
+    def snapshot(self, slot: str) -> int:
+        """Save the slot's KV to the snapshot tiers; returns the tokens saved (0: nothing new)."""
         ...
 
     def prefill(

@@ -100,6 +100,23 @@ class Transcript:
             self._open_turns = len(self.turns)
         return self.tokens
 
+    def preview(self, text: str) -> list[int]:
+        """The tokens a prompt would start with if `text` were sent now as a user message,
+        through the end of its content: what prefilling a draft can do ahead of the send."""
+        probe = Transcript(
+            self.template,
+            self.tokenizer,
+            self.fingerprint,
+            self.bos_id,
+            self.add_bos,
+            list(self.turns),
+            list(self.segments),
+        )
+        probe.add_message("user", text)
+        probe.prompt()
+        last_user = max(i for i, s in enumerate(probe._open) if s.role == "user")
+        return [t for s in (*probe.segments, *probe._open[: last_user + 1]) for t in s.tokens]
+
     def add_reply(
         self,
         text: str,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from app.engine.kvstore import KVStore
 from app.engine.model_file import check_gguf, fingerprint
 from app.engine.protocol import (
     CancelToken,
@@ -34,6 +35,7 @@ from app.engine.protocol import (
 )
 
 _LOG_LINES = 200
+RESTORE_MIN_GAIN = 32  # tokens a snapshot or another sequence must add to be worth copying
 
 
 class _LlamaLog:
@@ -73,6 +75,7 @@ class _Sequence:
 
     seq_id: int
     tokens: list[int] = field(default_factory=list)
+    saved: list[int] = field(default_factory=list)  # the tokens of its last snapshot
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -161,6 +164,7 @@ class LlamaCppEngine:
         self._free_seq_ids: list[int] = []
         self._logits_ready: tuple[int, int] | None = None  # (seq_id, n_tokens) of last logits
         self._eog: frozenset[int] = frozenset()
+        self._kv: KVStore | None = None
 
     # -- loading --------------------------------------------------------------------------
 
@@ -200,6 +204,13 @@ class LlamaCppEngine:
             t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab.ptr, t)
         )
         self.info = self._describe(path, n_ctx_train, n_vocab)
+        if options.snapshots:
+            self._kv = KVStore(
+                self.info.fingerprint,
+                self.backend_name,
+                ram_budget=options.kv_ram_budget,
+                disk_budget=options.kv_disk_budget,
+            )
         return self.info
 
     def _describe(self, path: Path, n_ctx_train: int, n_vocab: int) -> ModelInfo:
@@ -214,7 +225,8 @@ class LlamaCppEngine:
             n_ctx=llama_cpp.llama_n_ctx(self._ctx),
             n_ctx_train=n_ctx_train,
             n_vocab=n_vocab,
-            chat_template=template.decode("utf-8", "replace") if template else None,
+            chat_template=self._options.chat_template
+            or (template.decode("utf-8", "replace") if template else None),
             bos_token=self._vocab.text(bos),
             eos_token=self._vocab.text(eos),
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self._vocab.ptr)),
@@ -230,6 +242,13 @@ class LlamaCppEngine:
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     def unload(self) -> None:
+        """Free the model; resident conversations are snapshotted first (an app restart
+        then restores them from disk instead of prefilling)."""
+        if self._kv is not None:
+            for name, seq in self._slots.items():
+                self._save(name, seq)
+            self._kv.close()
+            self._kv = None
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
         if self._ctx:
@@ -257,25 +276,97 @@ class LlamaCppEngine:
             raise EngineError("No model is loaded.")
         return self._vocab
 
-    # -- slots ----------------------------------------------------------------------------
+    # -- slots: resident conversations, eviction, snapshots -----------------------------------
 
-    def _slot(self, name: str, prompt: Sequence[int]) -> _Sequence:
-        """The slot's sequence; a new slot takes a free id or the least recently used one,
-        choosing, among those it could take, the one sharing the longest prefix."""
+    def _slot(self, name: str) -> _Sequence:
+        """The slot's sequence; a new slot takes a free id, evicting the least recently used."""
         seq = self._slots.get(name)
         if seq is None:
-            if self._free_seq_ids:
-                seq = _Sequence(self._free_seq_ids.pop(0))
-            else:
-                victim = max(
-                    self._slots, key=lambda k: _common_prefix(self._slots[k].tokens, prompt)
-                )
-                if _common_prefix(self._slots[victim].tokens, prompt) == 0:
-                    victim = next(iter(self._slots))
-                seq = self._slots.pop(victim)
+            if not self._free_seq_ids:
+                self._evict(next(iter(self._slots)))
+            seq = _Sequence(self._free_seq_ids.pop(0))
             self._slots[name] = seq
         self._slots.move_to_end(name)
         return seq
+
+    def _evict(self, name: str) -> None:
+        """Snapshot a resident conversation, then free its sequence."""
+        seq = self._slots.pop(name)
+        self._save(name, seq)
+        self._clear(seq)
+        self._free_seq_ids.append(seq.seq_id)
+
+    def _clear(self, seq: _Sequence, keep: int = 0) -> int:
+        """Drop the sequence's KV from position `keep` on; returns what was kept."""
+        mem = llama_cpp.llama_get_memory(self._ctx)
+        if keep and not llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, keep, -1):
+            keep = 0  # this model's memory cannot be cut mid-sequence: start over
+        if not keep:
+            llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, -1, -1)
+        del seq.tokens[keep:]
+        if self._logits_ready and self._logits_ready[0] == seq.seq_id:
+            self._logits_ready = None
+        return keep
+
+    def _make_room(self, seq: _Sequence, n_new: int) -> None:
+        """Keep all resident tokens within the context's cells: evict others, oldest first."""
+        budget = llama_cpp.llama_n_ctx(self._ctx)
+        while sum(len(s.tokens) for s in self._slots.values()) + n_new > budget:
+            others = [name for name, other in self._slots.items() if other is not seq]
+            if not others:
+                return
+            self._evict(others[0])
+
+    def _save(self, name: str, seq: _Sequence) -> int:
+        if self._kv is None or not seq.tokens or seq.saved == seq.tokens:
+            return 0
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq.seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq.seq_id)
+        if n == 0:
+            return 0
+        self._kv.put(name, seq.tokens, memoryview(buf)[:n].tobytes())
+        seq.saved = list(seq.tokens)
+        return len(seq.tokens)
+
+    def snapshot(self, slot: str) -> int:
+        self._require_model()
+        seq = self._slots.get(slot)
+        return self._save(slot, seq) if seq is not None else 0
+
+    def _restore(self, seq: _Sequence, tokens: Sequence[int], live: int) -> bool:
+        """Load the snapshot sharing the longest prefix with `tokens` when it beats the live
+        KV by enough to pay for the copy. False when none does (or it failed its checks)."""
+        match = self._kv.best(tokens) if self._kv is not None else None
+        if match is None or match.common < live + RESTORE_MIN_GAIN:
+            return False
+        snap = self._kv.load(match)
+        if snap is None:
+            return False
+        self._clear(seq)
+        self._make_room(seq, len(snap.tokens))
+        payload = (ctypes.c_uint8 * len(snap.payload)).from_buffer_copy(snap.payload)
+        if not llama_cpp.llama_state_seq_set_data(self._ctx, payload, len(payload), seq.seq_id):
+            self._clear(seq)
+            return False
+        seq.tokens = list(snap.tokens)
+        return True
+
+    def _share_live_prefix(self, seq: _Sequence, tokens: Sequence[int], own: int) -> int:
+        """Copy the longest prefix another resident sequence holds (cells are shared, so
+        this is nearly free); returns the prefix length now in `seq`."""
+        best, donor = own, None
+        for other in self._slots.values():
+            common = _common_prefix(other.tokens, tokens)
+            if other is not seq and common > best:
+                best, donor = common, other
+        if donor is None or best < own + RESTORE_MIN_GAIN:
+            return own
+        self._clear(seq)
+        mem = llama_cpp.llama_get_memory(self._ctx)
+        llama_cpp.llama_memory_seq_cp(mem, donor.seq_id, seq.seq_id, 0, best)
+        seq.tokens = list(donor.tokens[:best])
+        return best
 
     def resident_tokens(self, slot: str) -> list[int]:
         seq = self._slots.get(slot)
@@ -289,33 +380,34 @@ class LlamaCppEngine:
             raise ContextOverflowError(n_prompt, n_ctx)
 
     def _sync(
-        self, seq: _Sequence, tokens: Sequence[int], cancel: CancelToken | None, *, logits: bool
-    ) -> tuple[int, int]:
-        """Make the sequence hold exactly `tokens`: keep the common prefix, trim the rest,
-        evaluate the tail. Returns (reused, prefilled). With `logits`, the last token's
-        logits are ready for sampling afterwards."""
-        keep = _common_prefix(seq.tokens, tokens)
-        ready = self._logits_ready == (seq.seq_id, len(tokens))
-        if logits and keep == len(tokens) and keep == len(seq.tokens) and ready:
-            return keep, 0
-        if logits and tokens and keep == len(tokens):
-            keep -= 1  # the last token must be evaluated again to produce logits
-        if keep < len(seq.tokens):
-            mem = llama_cpp.llama_get_memory(self._ctx)
-            if not llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, keep, -1):
-                llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, -1, -1)
-                keep = 0  # this model's memory cannot be cut mid-sequence: start over
-            del seq.tokens[keep:]
-        reused = keep
+        self, seq: _Sequence, tokens: Sequence[int], cancel: CancelToken | None
+    ) -> tuple[int, int, int]:
+        """Make the sequence hold exactly `tokens` with the last token's logits ready.
+
+        The longest prefix wins among the sequence itself, the other resident sequences and
+        the RAM and disk snapshots; what diverges is trimmed and only the tail evaluated.
+        Returns (reused, restored, prefilled)."""
+        if not tokens:
+            return 0, 0, 0
+        own = _common_prefix(seq.tokens, tokens)
+        if own == len(tokens) == len(seq.tokens) and self._logits_ready == (
+            seq.seq_id,
+            len(tokens),
+        ):
+            return own, 0, 0
+        live = self._share_live_prefix(seq, tokens, own)
+        restored = self._restore(seq, tokens, live)
+        keep = min(_common_prefix(seq.tokens, tokens), len(tokens) - 1)  # last one gives logits
+        keep = self._clear(seq, keep) if keep < len(seq.tokens) else keep
         tail = list(tokens[keep:])
+        self._make_room(seq, len(tail))
         n_batch = self._options.n_batch if self._options else 512
         for start in range(0, len(tail), n_batch):
             if cancel is not None and cancel.cancelled:
                 break
             chunk = tail[start : start + n_batch]
-            last = start + len(chunk) == len(tail)
-            self._decode(seq, chunk, want_logits=last)
-        return reused, len(seq.tokens) - reused
+            self._decode(seq, chunk, want_logits=start + len(chunk) == len(tail))
+        return keep, keep if restored else 0, len(seq.tokens) - keep
 
     def _decode(self, seq: _Sequence, chunk: Sequence[int], *, want_logits: bool) -> None:
         batch = self._batch
@@ -343,8 +435,8 @@ class LlamaCppEngine:
         self._require_model()
         self._check_fits(len(tokens))
         start = time.perf_counter()
-        seq = self._slot(slot, tokens)
-        reused, prefilled = self._sync(seq, tokens, cancel, logits=True)
+        seq = self._slot(slot)
+        reused, restored, prefilled = self._sync(seq, tokens, cancel)
         elapsed = time.perf_counter() - start
         done = len(seq.tokens) == len(tokens)
         return GenerationStats(
@@ -356,6 +448,7 @@ class LlamaCppEngine:
             prefill_tok_s=prefilled / elapsed if elapsed > 0 else 0.0,
             decode_tok_s=0.0,
             finish_reason=FinishReason.PREFILLED if done else FinishReason.CANCELLED,
+            restored_tokens=restored,
         )
 
     def generate(
@@ -372,8 +465,8 @@ class LlamaCppEngine:
             raise EngineError("Nothing to reply to: the prompt is empty.")
         self._check_fits(len(tokens))
         start = time.perf_counter()
-        seq = self._slot(slot, tokens)
-        reused, prefilled = self._sync(seq, tokens, cancel, logits=True)
+        seq = self._slot(slot)
+        reused, restored, prefilled = self._sync(seq, tokens, cancel)
         prefill_s = time.perf_counter() - start
         n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -413,6 +506,7 @@ class LlamaCppEngine:
             prefill_tok_s=prefilled / prefill_s if prefill_s > 0 else 0.0,
             decode_tok_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
             finish_reason=reason,
+            restored_tokens=restored,
         )
 
     def _sampler(self, sampling: SamplingParams) -> llama_cpp.llama_sampler_p:

@@ -1,0 +1,125 @@
+"""Background prefill: the KV is warm before the user presses Enter.
+
+Everything here runs below a user's send: opening a conversation restores or prefills its
+history, typing prefills the stable part of the draft (debounced), and after a reply or when
+switching away the conversation is snapshotted. Every request can be cancelled, and the
+engine host preempts a running prefill when a send arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Coroutine
+from typing import Any
+
+from app.engine.host import EngineClient, Priority
+from app.engine.protocol import EngineError, GenerationStats
+
+log = logging.getLogger("stoke.prewarm")
+
+DEBOUNCE_S = 0.3
+_STABLE = re.compile(r"(.*\S)\s+\S*\Z", re.DOTALL)
+
+
+def stable_prefix(draft: str) -> str:
+    """The draft up to its last complete word: the part typing will not change any more.
+    (Tokenizers attach a space to the word after it, so the space is left out too.)"""
+    match = _STABLE.match(draft)
+    return match.group(1) if match else ""
+
+
+class Prewarmer:
+    """Schedules background prefills and snapshots for the conversations of one session.
+
+    `session` is anything with `engine: EngineClient`, `history_tokens(id)` and
+    `draft_tokens(id, text)` (the ChatSession).
+    """
+
+    def __init__(self, session: Any, *, debounce_s: float = DEBOUNCE_S) -> None:
+        self.session = session
+        self.debounce_s = debounce_s
+        self._tasks: dict[tuple[str, str], asyncio.Task] = {}  # (kind, conversation) -> task
+        self.last: dict[str, GenerationStats] = {}  # conversation -> last prefill's stats
+
+    @property
+    def engine(self) -> EngineClient:
+        return self.session.engine
+
+    def open(self, conversation_id: str) -> asyncio.Task:
+        """Restore the conversation's snapshot, or prefill its history."""
+        return self._start("open", conversation_id, self._prefill_history(conversation_id))
+
+    def draft_changed(self, conversation_id: str, draft: str) -> asyncio.Task:
+        """Prefill the draft's stable prefix once typing pauses for `debounce_s`."""
+        return self._start("draft", conversation_id, self._prefill_draft(conversation_id, draft))
+
+    def after_reply(self, conversation_id: str) -> asyncio.Task:
+        return self._start("snapshot", conversation_id, self._snapshot(conversation_id))
+
+    def switch_away(self, conversation_id: str) -> asyncio.Task:
+        self.cancel(conversation_id)
+        return self.after_reply(conversation_id)
+
+    async def startup(self, conversation_id: str | None) -> None:
+        """At start-up, warm the most recent conversation (restored from disk if saved)."""
+        if conversation_id is not None:
+            self.open(conversation_id)
+
+    def cancel(self, conversation_id: str | None = None) -> None:
+        """Drop pending prefills (of one conversation, or all), e.g. right before a send."""
+        for (kind, conv), task in list(self._tasks.items()):
+            if kind != "snapshot" and conversation_id in (None, conv):
+                task.cancel()
+
+    async def idle(self) -> None:
+        """Wait until every scheduled prefill and snapshot has finished."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    # -- the work --
+
+    def _start(self, kind: str, conversation_id: str, work: Coroutine) -> asyncio.Task:
+        key = (kind, conversation_id)
+        previous = self._tasks.get(key)
+        if previous is not None and kind != "snapshot":
+            previous.cancel()
+        task = asyncio.get_running_loop().create_task(self._guard(work))
+        self._tasks[key] = task
+        task.add_done_callback(lambda done: self._forget(key, done))
+        return task
+
+    def _forget(self, key: tuple[str, str], task: asyncio.Task) -> None:
+        if self._tasks.get(key) is task:
+            del self._tasks[key]
+
+    @staticmethod
+    async def _guard(work: Coroutine) -> None:
+        """Background work never raises into the app: a failure is logged and dropped."""
+        try:
+            await work
+        except EngineError as exc:
+            log.info("prewarm skipped: %s", exc)
+
+    async def _prefill_history(self, conversation_id: str) -> None:
+        await self.engine.ready()
+        tokens = self.session.history_tokens(conversation_id)
+        if tokens:
+            self.last[conversation_id] = await self.engine.prefill(
+                tokens, slot=conversation_id, priority=Priority.BACKGROUND
+            )
+
+    async def _prefill_draft(self, conversation_id: str, draft: str) -> None:
+        await asyncio.sleep(self.debounce_s)
+        stable = stable_prefix(draft)
+        if not stable:
+            return
+        await self.engine.ready()
+        tokens = self.session.draft_tokens(conversation_id, stable)
+        self.last[conversation_id] = await self.engine.prefill(
+            tokens, slot=conversation_id, priority=Priority.TYPING
+        )
+
+    async def _snapshot(self, conversation_id: str) -> None:
+        await self.engine.snapshot(conversation_id, priority=Priority.BACKGROUND)
