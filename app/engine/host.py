@@ -39,6 +39,9 @@ from app.engine.worker import EngineState, Priority, load_tokenizer
 __all__ = ["EngineClient", "EngineCrashedError", "EngineState", "Generation", "Priority"]
 
 
+SHUTDOWN_S = 60.0  # a clean exit writes snapshots of resident conversations first
+
+
 class EngineCrashedError(EngineError):
     """The engine process died; the client restarts it."""
 
@@ -187,7 +190,7 @@ class EngineClient:
         process, loop = self._process, asyncio.get_running_loop()
         if process is not None:
             try:
-                await loop.run_in_executor(None, process.wait, 5)
+                await loop.run_in_executor(None, process.wait, SHUTDOWN_S)
             except subprocess.TimeoutExpired:
                 process.kill()
         self._stop_process()

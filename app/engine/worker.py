@@ -186,4 +186,8 @@ def main(fd: int, backend: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C belongs to the app, not the engine
     child = _Child(Connection(fd), backend)
     threading.Thread(target=child.read_loop, name="engine-reader", daemon=True).start()
-    child.work_loop()
+    try:
+        child.work_loop()
+    finally:
+        if child.engine is not None:
+            child.engine.unload()  # snapshots resident conversations before the process ends

@@ -1,0 +1,187 @@
+"""KV snapshots and prewarming on the real engine: exact continuation, bad files, typing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app import paths
+from app.conversations import ConversationStore
+from app.engine.host import EngineClient
+from app.engine.prewarm import Prewarmer
+from app.engine.protocol import FinishReason, LoadOptions, SamplingParams, TokenEvent
+from app.session import ChatSession
+from tests.e2e.conftest import start_session
+
+STORY = (
+    "The lighthouse keeper climbed the spiral stairs every evening, counting the steps "
+    "and listening to the waves break against the rocks below. "
+) * 8
+
+
+async def _client(model_path: str, **options) -> EngineClient:
+    client = EngineClient(LoadOptions(model_path, n_ctx=4096, **options))
+    await client.start()
+    return client
+
+
+async def _prompt(client: EngineClient) -> list[int]:
+    text = f"<|im_start|>user\n{STORY}\nWhat happens next?<|im_end|>\n<|im_start|>assistant\n"
+    return await client.tokenize(text, special=True)
+
+
+async def _greedy(client: EngineClient, prompt: list[int], slot: str) -> tuple[list[int], object]:
+    generation = await client.generate(prompt, SamplingParams.greedy(), 32, slot=slot)
+    tokens = [event.token_id async for event in generation if isinstance(event, TokenEvent)]
+    return tokens, generation.stats
+
+
+def _live_run(model_path: str, run) -> tuple[list[int], list[int]]:
+    """Prefill and reply in one engine; closing it writes the conversation's snapshot."""
+
+    async def scenario():
+        client = await _client(model_path)
+        try:
+            prompt = await _prompt(client)
+            tokens, _ = await _greedy(client, prompt, "talk")
+            return prompt, tokens
+        finally:
+            await client.close()
+
+    return run(scenario())
+
+
+def _snapshot_file() -> Path:
+    (file,) = paths.cache_dir().glob("kv/*/*.kv")
+    return file
+
+
+def test_disk_snapshot_continues_exactly_like_live_context(model_path, run):
+    prompt, live = _live_run(model_path, run)
+    assert len(live) == 32
+
+    async def restart():
+        client = await _client(model_path)
+        try:
+            return await _greedy(client, prompt, "talk")
+        finally:
+            await client.close()
+
+    restored, stats = run(restart())
+    assert restored == live
+    assert stats.restored_tokens == len(prompt) - 1  # the last is evaluated for its logits
+    assert stats.prefilled_tokens == 1
+
+
+def _truncate(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _flip_payload_byte(data: bytes) -> bytes:
+    return data[:-10] + bytes([data[-10] ^ 0xFF]) + data[-9:]
+
+
+def _other_fingerprint(data: bytes) -> bytes:
+    fingerprint = _snapshot_file().parent.name.encode()
+    return data.replace(fingerprint, fingerprint[::-1], 1)
+
+
+def _future_version(data: bytes) -> bytes:
+    return data[:4] + (99).to_bytes(2, "little") + data[6:]
+
+
+@pytest.mark.parametrize(
+    "damage", [_truncate, _flip_payload_byte, _other_fingerprint, _future_version]
+)
+def test_damaged_snapshot_is_rejected_deleted_and_prefilled(model_path, run, damage):
+    prompt, live = _live_run(model_path, run)
+    file = _snapshot_file()
+    file.write_bytes(damage(file.read_bytes()))
+
+    async def restart():
+        client = await _client(model_path)
+        try:
+            tokens, stats = await _greedy(client, prompt, "talk")
+            return tokens, stats, file.exists()
+        finally:
+            await client.close()  # writes a good snapshot again
+
+    tokens, stats, kept = run(restart())
+    assert tokens == live  # correct output from a plain prefill
+    assert stats.restored_tokens == 0 and stats.prefilled_tokens == len(prompt)
+    assert not kept  # the damaged file was deleted, never loaded
+
+
+def test_resident_switch_restores_nothing_and_eviction_goes_to_ram(model_path, run):
+    async def scenario():
+        client = await _client(model_path, n_seq_max=2)
+        try:
+            others = [await client.tokenize(f"Chapter {i}. {STORY}") for i in range(3)]
+            for slot, tokens in zip("AB", others, strict=False):
+                await client.prefill(tokens, slot=slot)
+            switch = await client.prefill(others[0] + [198], slot="A")  # A, B resident
+            evicting = await client.prefill(others[2], slot="C")  # evicts B (least recent)
+            back = await client.prefill(others[1] + [198], slot="B")  # B from RAM
+            return others, switch, evicting, back
+        finally:
+            await client.close()
+
+    others, switch, evicting, back = run(scenario())
+    assert switch.restored_tokens == 0 and switch.reused_tokens == len(others[0])
+    assert back.restored_tokens == len(others[1]) and back.prefilled_tokens == 1
+    assert evicting.finish_reason == FinishReason.PREFILLED
+
+
+def test_prewarm_while_typing_then_edit_then_send(store: ConversationStore, model_path, run):
+    draft = (
+        "Please write a short poem about the old lighthouse keeper who counts the stairs "
+        "every evening and listens to the waves"
+    )
+    draft_words = draft.split(" ")
+    edited = draft.replace("old lighthouse keeper", "young ferry pilot") + "."
+    sampling = {"temperature": 0, "max_tokens": 24}
+
+    async def typed_turn():
+        session = await start_session(store, model_path)
+        prewarm = Prewarmer(session, debounce_s=0)
+        try:
+            conversation = store.create_conversation(sampling=sampling)
+            await session.send(conversation.id, "Hello!")
+            for n in range(1, len(draft_words) + 1):
+                prewarm.draft_changed(conversation.id, " ".join(draft_words[:n]) + " ")
+                await prewarm.idle()
+            prewarm.draft_changed(conversation.id, edited)  # an edit in the middle of the draft
+            await prewarm.idle()
+            warm = await session.engine.resident_tokens(conversation.id)
+            prewarm.cancel(conversation.id)
+            result = await session.send(conversation.id, edited)
+            prompt = session.transcript(
+                store.get_conversation(conversation.id), store.path_to(result.user_message_id)
+            ).prompt()
+            return warm, prompt, result
+        finally:
+            await session.engine.close()
+
+    async def direct_turn():
+        """The same two turns on a fresh engine, without prewarm (nor snapshots)."""
+        client = EngineClient(LoadOptions(model_path, n_ctx=4096, snapshots=False))
+        await client.start()
+        session = ChatSession(store, client)
+        try:
+            conversation = store.create_conversation(sampling=sampling)
+            await session.send(conversation.id, "Hello!")
+            return await session.send(conversation.id, edited)
+        finally:
+            await client.close()
+
+    warm, prompt, result = run(typed_turn())
+    baseline = run(direct_turn())
+    common = 0
+    while common < len(warm) and warm[common] == prompt[common]:
+        common += 1
+    assert common > len(prompt) * 0.8  # the edited draft was prefilled again, up to its end
+    assert result.stats.reused_tokens == common
+    assert result.stats.prefilled_tokens == len(prompt) - common  # only the diverged tail
+    assert baseline.stats.prefilled_tokens > result.stats.prefilled_tokens + 20
+    assert result.token_ids == baseline.token_ids and result.text == baseline.text
