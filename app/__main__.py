@@ -27,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = subparsers.add_parser("doctor", help="versions, paths, devices, engine checks")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(run=_doctor)
+    bench = subparsers.add_parser("bench", help="benchmarks (see bench/)")
+    benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    from bench import kv
+
+    kv.add_parser(benchmarks)
     return parser
 
 

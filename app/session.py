@@ -173,7 +173,7 @@ class ChatSession:
             reply, prompt, sampling, max_tokens, slot=conversation.id, on_token=on_token
         )
         cached = self._transcripts.get(conversation.id)
-        if cached is not None and cached.transcript is transcript:
+        if cached is not None and cached.transcript is transcript and cached.ids[-1] == user.id:
             transcript.add_reply(text, tokens, info.fingerprint)
             cached.ids.append(reply.id)
         return TurnResult(conversation.id, user.id, reply.id, text, tokens, stats, status, dropped)
@@ -239,8 +239,11 @@ class ChatSession:
     # -- prompts --
 
     def transcript(self, conversation: Conversation, history: list[Message]) -> Transcript:
-        """The token-exact prompt of `history`, extended from the cached one when it can be."""
+        """The token-exact prompt of `history`, extended from the cached one when it can be.
+        A reply still streaming is not history yet: the path stops before it."""
         info = self.info
+        streaming = [i for i, m in enumerate(history) if m.status == "streaming"]
+        history = history[: streaming[0]] if streaming else history
         ids = [m.id for m in history]
         cached = self._transcripts.get(conversation.id)
         if (
@@ -248,9 +251,13 @@ class ChatSession:
             and cached.transcript.fingerprint == info.fingerprint
             and cached.transcript.template.source == self._template().source
             and cached.system_prompt == conversation.system_prompt
-            and ids[: len(cached.ids)] == cached.ids
         ):
-            for message in history[len(cached.ids) :]:
+            shared = 0
+            while shared < min(len(ids), len(cached.ids)) and ids[shared] == cached.ids[shared]:
+                shared += 1
+            if shared < len(cached.ids):  # another branch: keep what the two share
+                cached.transcript.rewind(shared + (1 if conversation.system_prompt else 0))
+            for message in history[shared:]:
                 self._add(cached.transcript, message)
             cached.ids = ids
             return cached.transcript

@@ -19,7 +19,8 @@ from app.engine.protocol import EngineError, GenerationStats
 
 log = logging.getLogger("stoke.prewarm")
 
-DEBOUNCE_S = 0.3
+DEBOUNCE_S = 0.3  # a pause in typing this long prefills the draft
+MAX_WAIT_S = 1.5  # and while typing goes on, at least this often
 _STABLE = re.compile(r"(.*\S)\s+\S*\Z", re.DOTALL)
 
 
@@ -37,9 +38,13 @@ class Prewarmer:
     `draft_tokens(id, text)` (the ChatSession).
     """
 
-    def __init__(self, session: Any, *, debounce_s: float = DEBOUNCE_S) -> None:
+    def __init__(
+        self, session: Any, *, debounce_s: float = DEBOUNCE_S, max_wait_s: float = MAX_WAIT_S
+    ) -> None:
         self.session = session
         self.debounce_s = debounce_s
+        self.max_wait_s = max_wait_s
+        self._due: dict[str, float] = {}  # conversation -> latest time its draft prefill runs
         self._tasks: dict[tuple[str, str], asyncio.Task] = {}  # (kind, conversation) -> task
         self.last: dict[str, GenerationStats] = {}  # conversation -> last prefill's stats
 
@@ -52,8 +57,13 @@ class Prewarmer:
         return self._start("open", conversation_id, self._prefill_history(conversation_id))
 
     def draft_changed(self, conversation_id: str, draft: str) -> asyncio.Task:
-        """Prefill the draft's stable prefix once typing pauses for `debounce_s`."""
-        return self._start("draft", conversation_id, self._prefill_draft(conversation_id, draft))
+        """Prefill the draft's stable prefix once typing pauses for `debounce_s`, and at
+        least every `max_wait_s` while it goes on (keystrokes come faster than any pause)."""
+        now = asyncio.get_running_loop().time()
+        due = self._due.setdefault(conversation_id, now + self.max_wait_s)
+        delay = max(0.0, min(self.debounce_s, due - now))
+        work = self._prefill_draft(conversation_id, draft, delay)
+        return self._start("draft", conversation_id, work)
 
     def after_reply(self, conversation_id: str) -> asyncio.Task:
         return self._start("snapshot", conversation_id, self._snapshot(conversation_id))
@@ -110,8 +120,9 @@ class Prewarmer:
                 tokens, slot=conversation_id, priority=Priority.BACKGROUND
             )
 
-    async def _prefill_draft(self, conversation_id: str, draft: str) -> None:
-        await asyncio.sleep(self.debounce_s)
+    async def _prefill_draft(self, conversation_id: str, draft: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._due.pop(conversation_id, None)
         stable = stable_prefix(draft)
         if not stable:
             return

@@ -100,6 +100,23 @@ class Transcript:
             self._open_turns = len(self.turns)
         return self.tokens
 
+    def rewind(self, n_turns: int) -> None:
+        """Keep only the first `n_turns` turns (a branch point): the segments through the
+        last kept reply stay as they were, so the shared prefix keeps its exact tokens."""
+        del self.turns[n_turns:]
+        replies = sum(1 for turn in self.turns if turn.role == "assistant")
+        seen = 0
+        for i, segment in enumerate(self.segments):
+            if segment.role == "assistant":
+                seen += 1
+                if seen == replies:
+                    del self.segments[i + 1 :]
+                    break
+        else:
+            self.segments.clear()
+        self._open = []
+        self._open_turns = -1
+
     def preview(self, text: str) -> list[int]:
         """The tokens a prompt would start with if `text` were sent now as a user message,
         through the end of its content: what prefilling a draft can do ahead of the send."""

@@ -599,3 +599,31 @@ def test_template_that_trims_contents_keeps_user_text() -> None:
     transcript.add_message("user", "again")
     messages += [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]
     assert transcript.prompt() == canonical(LLAMA3, messages, bos_token="<|begin_of_text|>")
+
+
+# --- branches ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("system", [None, "Be brief."])
+@pytest.mark.parametrize("branch_at", [0, 1, 2, 3, 5])
+def test_rewind_to_a_branch_point_equals_building_the_branch(
+    system: str | None, branch_at: int
+) -> None:
+    """Edit (branch after a reply) and regenerate (branch after a user message) reuse the
+    shared prefix's exact tokens and give what building the new branch from scratch gives."""
+    head = [Turn("system", system)] if system else []
+    turns = [*head]
+    for user, reply in zip(USERS, REPLIES, strict=True):
+        turns += [Turn("user", user), Turn("assistant", reply, tuple(sampled(reply)), FP)]
+    transcript = Transcript.from_turns(
+        turns, template=make().template, tokenizer=TOK, fingerprint=FP
+    )
+    kept = len(head) + branch_at
+    branch = [*turns[:kept], Turn("user", "a different question")]
+    if kept and turns[kept - 1].role == "user":
+        branch = turns[:kept]  # regenerate: the same user message, a new reply
+    transcript.rewind(kept)
+    for turn in branch[kept:]:
+        transcript.add_message(turn.role, turn.text)
+    fresh = Transcript.from_turns(branch, template=make().template, tokenizer=TOK, fingerprint=FP)
+    assert transcript.prompt() == fresh.prompt()
