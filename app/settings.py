@@ -22,6 +22,9 @@ class Settings:
     n_ctx: int = DEFAULT_N_CTX
     n_threads: int | None = None
     n_gpu_layers: int = 0
+    resident_conversations: int = 4  # KV sequences kept live at once (n_seq_max)
+    snapshot_disk_gib: float = 20.0  # disk budget of KV snapshots; oldest evicted first
+    snapshot_ram_gib: float = 2.0
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:

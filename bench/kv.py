@@ -111,7 +111,8 @@ class Bench:
 
     @staticmethod
     async def send(session: ChatSession, conversation: str, text: str, parent: str | None):
-        """One turn, timed from the call to the first streamed token."""
+        """One turn, timed from the call to the first streamed token; then, untimed, the
+        snapshot the app takes in the background after every reply (Prewarmer.after_reply)."""
         started = time.perf_counter()
         first: list[float] = []
         result = await session.send(
@@ -121,6 +122,7 @@ class Bench:
             on_token=lambda _: first or first.append(time.perf_counter()),
         )
         ttft = (first[0] if first else time.perf_counter()) - started
+        await session.engine.snapshot(conversation, wait=True)
         return result, Timed(ttft, result.stats.prefilled_tokens, result.stats.restored_tokens)
 
     async def build_history(
@@ -168,6 +170,7 @@ class Bench:
     # -- scenarios --
 
     async def follow_up(self, name: str, *, reasoning: bool) -> None:
+        """A follow-up after a long history: Stoke and the anchor take turns, rep by rep."""
         template = REASONING_TEMPLATE if reasoning else None
         async with self.stoke(chat_template=template, snapshots=False) as session:
             conversation, messages = await self.build_history(
@@ -175,21 +178,22 @@ class Bench:
             )
             history = session.history_tokens(conversation)
             await session.engine.prefill(history, slot=conversation)  # as after the last turn
+            anchor = Anchor(self.model, template)
+            anchor.warm(history)
             parent = session.store.get_conversation(conversation).current_leaf_id
-            stoke: list[Timed] = []
+            stoke, anchored, naive = [], [], []
             for text in FOLLOW_UPS[: self.reps]:
-                _, timed = await self.send(session, conversation, text, parent)
-                stoke.append(timed)
+                stoke.append((await self.send(session, conversation, text, parent))[1])
+                anchored.append(anchor.timed(messages, text, cold=False))
+            for text in FOLLOW_UPS[: self.reps]:
+                naive.append(anchor.timed(messages, text, cold=True))
             new_tokens = stoke_new_tokens(session.engine.local_tokenizer(), FOLLOW_UPS[0])
-        anchor, naive = await asyncio.to_thread(
-            run_anchor, self.model, messages, history, template, self.reps
-        )
         self.results[name] = {
             "history_tokens": len(history),
             "new_tokens": new_tokens,
             "naive_ttft_s": median([t.ttft_s for t in naive]),
-            "anchor_ttft_s": median([t.ttft_s for t in anchor]),
-            "anchor_prefilled_tokens": median([t.prefilled for t in anchor]),
+            "anchor_ttft_s": median([t.ttft_s for t in anchored]),
+            "anchor_prefilled_tokens": median([t.prefilled for t in anchored]),
             "stoke_ttft_s": median([t.ttft_s for t in stoke]),
             "stoke_prefilled_tokens": median([t.prefilled for t in stoke]),
         }
@@ -249,10 +253,9 @@ class Bench:
                 resident.append((await self.send(session, b, FOLLOW_UPS[rep], parents[b]))[1])
         async with self.stoke(n_seq_max=1) as session:  # one resident: a switch evicts
             ram = []
-            await session.engine.prefill(session.history_tokens(a), slot=a)
+            await session.engine.prefill(session.history_tokens(b), slot=b)
             for rep in range(self.reps):
-                await session.engine.prefill(session.history_tokens(b), slot=b)
-                await self.send(session, a, FOLLOW_UPS[rep], parents[a])  # evicts B to RAM
+                await self.send(session, a, FOLLOW_UPS[rep], parents[a])  # B goes to RAM
                 ram.append((await self.send(session, b, FOLLOW_UPS[rep], parents[b]))[1])
         disk = []
         for rep in range(self.reps):  # a new engine host each time: RAM is gone
@@ -278,10 +281,13 @@ class Bench:
         restarted, reprefill = [], []
         for rep in range(self.reps):
             async with self.stoke() as session:  # the previous one wrote its snapshots on exit
-                await Prewarmer(session).startup(conversation)
+                prewarm = Prewarmer(session)
+                await prewarm.startup(conversation)
                 restarted.append(
                     (await self.send(session, conversation, FOLLOW_UPS[rep], parent))[1]
                 )
+                prewarm.cancel()
+                await prewarm.idle()
             async with self.stoke(snapshots=False) as session:
                 reprefill.append(
                     (await self.send(session, conversation, FOLLOW_UPS[rep], parent))[1]
@@ -300,45 +306,51 @@ def stoke_new_tokens(tokenizer: Any, text: str) -> int:
     return len(tokenizer.tokenize(segment, special=True))
 
 
-def run_anchor(
-    model: str,
-    messages: list[dict[str, str]],
-    exact_history: list[int],
-    template: str | None,
-    reps: int,
-) -> tuple[list[Timed], list[Timed]]:
-    """llama-cpp-python's own chat completion with its built-in prefix reuse (anchor), and
-    the same after a reset (naive: what a stateless client gets from an empty context)."""
-    import llama_cpp
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+class Anchor:
+    """llama-cpp-python's own `Llama.create_chat_completion`, with its built-in prefix reuse.
 
-    handler = None
-    if template is not None:
-        handler = Jinja2ChatFormatter(template, "<|im_end|>", "<|im_start|>").to_chat_handler()
-    llm = llama_cpp.Llama(
-        model,
-        n_ctx=8192,
-        n_batch=512,
-        verbose=False,
-        chat_handler=handler,
-        n_threads=os.cpu_count(),
-    )
-    # The anchor's cache holds the conversation as the engine saw it being generated.
-    llm.create_completion(exact_history, max_tokens=1, temperature=0)
+    Each timed call starts from the same state: the KV holding the conversation as the engine
+    saw it being generated (exact tokens), restored with `load_state`. After `reset()` it is
+    the naive row: a stateless client on an empty context.
+    """
 
-    evaluated = [0]
-    evaluate = llm.eval
+    def __init__(self, model: str, template: str | None) -> None:
+        import llama_cpp
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    def counting_eval(tokens: list[int]) -> None:
-        evaluated[0] += len(tokens)
-        evaluate(tokens)
+        handler = None
+        if template is not None:
+            formatter = Jinja2ChatFormatter(template, "<|im_end|>", "<|im_start|>")
+            handler = formatter.to_chat_handler()
+        self.llm = llama_cpp.Llama(
+            model,
+            n_ctx=8192,
+            n_batch=512,
+            verbose=False,
+            chat_handler=handler,
+            n_threads=os.cpu_count(),
+        )
+        self.evaluated = 0
+        self._eval = self.llm.eval
+        self.llm.eval = self._counting_eval  # how much its prefix reuse left to evaluate
+        self._state = None
 
-    llm.eval = counting_eval  # how many prompt tokens its prefix reuse left to evaluate
+    def _counting_eval(self, tokens: list[int]) -> None:
+        self.evaluated += len(tokens)
+        self._eval(tokens)
 
-    def timed(follow_up: str) -> Timed:
-        evaluated[0] = 0
+    def warm(self, exact_history: list[int]) -> None:
+        self.llm.create_completion(exact_history, max_tokens=1, temperature=0)
+        self._state = self.llm.save_state()
+
+    def timed(self, messages: list[dict[str, str]], follow_up: str, *, cold: bool) -> Timed:
+        if cold:
+            self.llm.reset()
+        else:
+            self.llm.load_state(self._state)
+        self.evaluated = 0
         started = time.perf_counter()
-        stream = llm.create_chat_completion(
+        stream = self.llm.create_chat_completion(
             messages=[*messages, {"role": "user", "content": follow_up}],
             max_tokens=1,
             temperature=0,
@@ -347,14 +359,7 @@ def run_anchor(
         ttft = None
         for _chunk in stream:
             ttft = ttft or time.perf_counter() - started
-        return Timed(ttft or time.perf_counter() - started, evaluated[0])
-
-    anchor = [timed(text) for text in FOLLOW_UPS[:reps]]
-    naive = []
-    for text in FOLLOW_UPS[:reps]:
-        llm.reset()
-        naive.append(timed(text))
-    return anchor, naive
+        return Timed(ttft or time.perf_counter() - started, self.evaluated)
 
 
 def check_targets(r: dict[str, dict[str, Any]]) -> dict[str, bool]:

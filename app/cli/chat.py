@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from app import paths
 from app.conversations import Conversation, ConversationStore, StoreError
 from app.engine.host import EngineClient, EngineCrashedError
+from app.engine.prewarm import Prewarmer
 from app.engine.protocol import ContextOverflowError, EngineError, LoadOptions, TokenEvent
 from app.models.default import default_model_path
 from app.session import ChatSession, TurnResult
@@ -64,6 +65,9 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
         n_ctx=args.ctx or settings.n_ctx,
         n_threads=settings.n_threads,
         n_gpu_layers=settings.n_gpu_layers,
+        n_seq_max=settings.resident_conversations,
+        kv_disk_budget=int(settings.snapshot_disk_gib * (1 << 30)),
+        kv_ram_budget=int(settings.snapshot_ram_gib * (1 << 30)),
     )
 
 
@@ -139,7 +143,20 @@ async def _interactive(
     info = await session.engine.start()
     print(f"{info.name} · {info.backend} · context {info.n_ctx:,} tokens. /help for commands.")
     _show_history(store, conversation)
-    drop_oldest = args.drop_oldest
+    prewarm = Prewarmer(session)
+    await prewarm.startup(conversation.id)  # restored from disk while the first line is typed
+    try:
+        return await _repl(session, conversation, prewarm, drop_oldest=args.drop_oldest)
+    finally:
+        prewarm.cancel()
+        await prewarm.idle()
+
+
+async def _repl(
+    session: ChatSession, conversation: Conversation, prewarm: Prewarmer, *, drop_oldest: bool
+) -> int:
+    """Read a line, act on it, until /quit or end of input."""
+    store = session.store
     loop = asyncio.get_running_loop()
     while True:
         try:
@@ -154,12 +171,16 @@ async def _interactive(
             if command == "/help":
                 print(HELP)
             elif command == "/new":
+                prewarm.switch_away(conversation.id)
                 conversation = store.create_conversation()
                 print(f"New conversation {conversation.id[:8]}.")
             elif command == "/list":
                 _print_list(store)
             elif command == "/open":
-                conversation = store.get_conversation(rest.strip())
+                opened = store.get_conversation(rest.strip())
+                prewarm.switch_away(conversation.id)
+                conversation = opened
+                prewarm.open(conversation.id)
                 _show_history(store, conversation)
             elif command == "/system":
                 store.set_system_prompt(conversation.id, rest.strip() or None)
@@ -170,6 +191,7 @@ async def _interactive(
                 print("Oldest turns will be left out when the context is full.")
             elif command in ("/regen", "/edit"):
                 last = _last_of(store, conversation, "assistant" if command == "/regen" else "user")
+                prewarm.cancel(conversation.id)
                 with _cancel_on_ctrl_c(session):
                     if command == "/regen":
                         result = await session.regenerate(
@@ -180,14 +202,17 @@ async def _interactive(
                             last, rest, drop_oldest=drop_oldest, on_token=_echo
                         )
                 _print_stats(result)
+                prewarm.after_reply(conversation.id)
             elif command.startswith("/"):
                 print(f"Unknown command {command}. /help lists them.")
             elif line.strip():
+                prewarm.cancel(conversation.id)
                 with _cancel_on_ctrl_c(session):
                     result = await session.send(
                         conversation.id, line, drop_oldest=drop_oldest, on_token=_echo
                     )
                 _print_stats(result)
+                prewarm.after_reply(conversation.id)
         except ContextOverflowError as exc:
             print(f"\n{exc}\nType /drop to leave out the oldest turns, or /new to start anew.")
         except EngineCrashedError as exc:

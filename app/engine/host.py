@@ -213,10 +213,13 @@ class EngineClient:
     async def detokenize(self, tokens: Sequence[int]) -> str:
         return await self._call("detokenize", (list(tokens),))
 
-    async def snapshot(self, slot: str, *, priority: Priority = Priority.BACKGROUND) -> int:
-        """Save the slot's KV to the RAM and disk tiers (in the background by default)."""
+    async def snapshot(
+        self, slot: str, *, priority: Priority = Priority.BACKGROUND, wait: bool = False
+    ) -> int:
+        """Save the slot's KV to the RAM and disk tiers (in the background by default);
+        with `wait`, return once it is on disk."""
         await self.ready()
-        return await self._call("snapshot", (slot,), priority=priority)
+        return await self._call("snapshot", (slot,), {"wait": wait}, priority=priority)
 
     async def resident_tokens(self, slot: str = "default") -> list[int]:
         return await self._call("resident_tokens", (slot,))

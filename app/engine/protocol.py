@@ -176,8 +176,9 @@ class Engine(Protocol):
         """The tokens whose KV the slot holds now (empty when not resident)."""
         ...
 
-    def snapshot(self, slot: str) -> int:
-        """Save the slot's KV to the snapshot tiers; returns the tokens saved (0: nothing new)."""
+    def snapshot(self, slot: str, *, wait: bool = False) -> int:
+        """Save the slot's KV to the snapshot tiers; returns the tokens saved (0: nothing new).
+        With `wait`, return once the disk tier has it."""
         ...
 
     def prefill(

@@ -332,10 +332,13 @@ class LlamaCppEngine:
         seq.saved = list(seq.tokens)
         return len(seq.tokens)
 
-    def snapshot(self, slot: str) -> int:
+    def snapshot(self, slot: str, *, wait: bool = False) -> int:
         self._require_model()
         seq = self._slots.get(slot)
-        return self._save(slot, seq) if seq is not None else 0
+        saved = self._save(slot, seq) if seq is not None else 0
+        if wait and self._kv is not None:
+            self._kv.flush()
+        return saved
 
     def _restore(self, seq: _Sequence, tokens: Sequence[int], live: int) -> bool:
         """Load the snapshot sharing the longest prefix with `tokens` when it beats the live
@@ -348,8 +351,9 @@ class LlamaCppEngine:
             return False
         self._clear(seq)
         self._make_room(seq, len(snap.tokens))
-        payload = (ctypes.c_uint8 * len(snap.payload)).from_buffer_copy(snap.payload)
-        if not llama_cpp.llama_state_seq_set_data(self._ctx, payload, len(payload), seq.seq_id):
+        payload = ctypes.cast(ctypes.c_char_p(snap.payload), ctypes.POINTER(ctypes.c_uint8))
+        size = len(snap.payload)
+        if not llama_cpp.llama_state_seq_set_data(self._ctx, payload, size, seq.seq_id):
             self._clear(seq)
             return False
         seq.tokens = list(snap.tokens)
