@@ -1,0 +1,22 @@
+"""Plain data the chat view shows, built from the store by the window (no Qt here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MessageView:
+    """One message of the branch on screen, with its place among its siblings."""
+
+    id: str
+    role: str  # "user" | "assistant"
+    content: str
+    status: str = "complete"  # complete | streaming | interrupted | error
+    finish_reason: str | None = None
+    stats: dict | None = None
+    sibling_ids: tuple[str, ...] = field(default_factory=tuple)  # including this one, in order
+
+    @property
+    def sibling_index(self) -> int:
+        return self.sibling_ids.index(self.id) if self.id in self.sibling_ids else 0
