@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from app.conversations import Conversation, ConversationStore, Message
 from app.engine.chat_template import ChatTemplate
@@ -58,6 +59,18 @@ class TurnResult:
             "dropped_turns": self.dropped_turns,
             "stats": self.stats.as_dict() if self.stats else None,
         }
+
+
+OnToken = Callable[[TokenEvent], None]
+OnStart = Callable[[Message, Message], None]  # (user message, reply being written)
+
+
+@dataclass(frozen=True)
+class _Partial:
+    """What a reply already holds before generation carries on (empty for a new reply)."""
+
+    text: str
+    tokens: list[int]
 
 
 @dataclass
@@ -109,7 +122,8 @@ class ChatSession:
         *,
         parent_id: str | None = None,
         drop_oldest: bool = False,
-        on_token: Callable[[TokenEvent], None] | None = None,
+        on_token: OnToken | None = None,
+        on_start: OnStart | None = None,
     ) -> TurnResult:
         """Add a user message (after `parent_id`, default the current leaf) and reply to it."""
         if not text.strip():
@@ -120,7 +134,9 @@ class ChatSession:
         user = self._unanswered(conversation.id, parent_id, text) or self.store.add_message(
             conversation.id, parent_id, "user", text
         )
-        return await self._reply(conversation, user, drop_oldest=drop_oldest, on_token=on_token)
+        return await self._reply(
+            conversation, user, drop_oldest=drop_oldest, on_token=on_token, on_start=on_start
+        )
 
     def _unanswered(self, conversation_id: str, leaf_id: str | None, text: str) -> Message | None:
         """The same message sent again after a turn that never started (context full):
@@ -132,14 +148,14 @@ class ChatSession:
             return leaf
         return None
 
-    async def edit(self, user_message_id: str, text: str, **kwargs: object) -> TurnResult:
+    async def edit(self, user_message_id: str, text: str, **kwargs: Any) -> TurnResult:
         """Edit-and-resend: a new user message beside the old one, then its reply."""
         old = self.store.get_message(user_message_id)
         if old.role != "user":
             raise EngineError("Only your own messages can be edited.")
         return await self.send(old.conversation_id, text, parent_id=old.parent_id, **kwargs)
 
-    async def regenerate(self, reply_message_id: str, **kwargs: object) -> TurnResult:
+    async def regenerate(self, reply_message_id: str, **kwargs: Any) -> TurnResult:
         """A new reply beside an old one, to the same user message."""
         old = self.store.get_message(reply_message_id)
         if old.role != "assistant" or old.parent_id is None:
@@ -148,35 +164,71 @@ class ChatSession:
         user = self.store.get_message(old.parent_id)
         return await self._reply(conversation, user, **kwargs)
 
+    async def continue_reply(self, reply_message_id: str, **kwargs: Any) -> TurnResult:
+        """Carry on an interrupted reply where it stopped: same message, more tokens."""
+        old = self.store.get_message(reply_message_id)
+        if old.role != "assistant" or old.status != "interrupted" or old.parent_id is None:
+            raise EngineError("Only an interrupted reply can be continued.")
+        conversation = self.store.get_conversation(old.conversation_id)
+        user = self.store.get_message(old.parent_id)
+        return await self._reply(conversation, user, continuing=old, **kwargs)
+
     async def _reply(
         self,
         conversation: Conversation,
         user: Message,
         *,
         drop_oldest: bool = False,
-        on_token: Callable[[TokenEvent], None] | None = None,
+        continuing: Message | None = None,
+        on_token: OnToken | None = None,
+        on_start: OnStart | None = None,
     ) -> TurnResult:
         info = await self.engine.ready()
         history = self.store.path_to(user.id)
         transcript, dropped = self._fit(conversation, history, info, drop_oldest=drop_oldest)
         prompt = transcript.prompt()
         sampling, max_tokens = sampling_of(conversation)
-        reply = self.store.add_message(
-            conversation.id,
-            user.id,
-            "assistant",
-            "",
-            status="streaming",
-            tokens_fingerprint=info.fingerprint,
-        )
+        if continuing is None:
+            reply = self.store.add_message(
+                conversation.id,
+                user.id,
+                "assistant",
+                "",
+                status="streaming",
+                tokens_fingerprint=info.fingerprint,
+            )
+            before = _Partial("", [])
+        else:
+            reply = continuing
+            before = _Partial(reply.content, self._exact_tokens(reply, info))
+            self.store.update_message(
+                reply.id,
+                token_ids=before.tokens,
+                tokens_fingerprint=info.fingerprint,
+                status="streaming",
+            )
+            self.store.set_current_leaf(conversation.id, reply.id)
+        if on_start is not None:
+            on_start(user, reply)
         text, tokens, stats, status = await self._stream(
-            reply, prompt, sampling, max_tokens, slot=conversation.id, on_token=on_token
+            reply,
+            prompt + before.tokens,
+            sampling,
+            max(1, max_tokens - len(before.tokens)),
+            slot=conversation.id,
+            on_token=on_token,
+            before=before,
         )
         cached = self._transcripts.get(conversation.id)
         if cached is not None and cached.transcript is transcript and cached.ids[-1] == user.id:
             transcript.add_reply(text, tokens, info.fingerprint)
             cached.ids.append(reply.id)
         return TurnResult(conversation.id, user.id, reply.id, text, tokens, stats, status, dropped)
+
+    def _exact_tokens(self, reply: Message, info: ModelInfo) -> list[int]:
+        if reply.token_ids is not None and reply.tokens_fingerprint == info.fingerprint:
+            return list(reply.token_ids)
+        return self.engine.local_tokenizer().tokenize(reply.content)
 
     async def _stream(
         self,
@@ -186,12 +238,18 @@ class ChatSession:
         max_tokens: int,
         *,
         slot: str,
-        on_token: Callable[[TokenEvent], None] | None,
+        on_token: OnToken | None,
+        before: _Partial,
     ) -> tuple[str, list[int], GenerationStats | None, str]:
-        """Generate into `reply`, saving as it streams; a crash leaves it interrupted."""
-        pieces: list[str] = []
-        tokens: list[int] = []
+        """Generate into `reply` (after what it already holds), saving as it streams;
+        a crash or an error leaves it interrupted, never lost."""
+        pieces: list[str] = [before.text]
+        tokens: list[int] = list(before.tokens)
         saved_at = time.monotonic()
+
+        def save(**fields: Any) -> None:
+            self.store.update_message(reply.id, content="".join(pieces), token_ids=tokens, **fields)
+
         try:
             self._active = await self.engine.generate(prompt, sampling, max_tokens, slot=slot)
             async for event in self._active:
@@ -200,36 +258,21 @@ class ChatSession:
                 if on_token is not None:
                     on_token(event)
                 if time.monotonic() - saved_at >= SAVE_INTERVAL_S:
-                    self.store.update_message(reply.id, content="".join(pieces), token_ids=tokens)
+                    save()
                     saved_at = time.monotonic()
         except EngineCrashedError:
-            self.store.update_message(
-                reply.id,
-                content="".join(pieces),
-                token_ids=tokens,
-                status="interrupted",
-                finish_reason="crashed",
-            )
+            save(status="interrupted", finish_reason="crashed")
             self._transcripts.pop(reply.conversation_id, None)
             raise
         except BaseException:
-            self.store.update_message(
-                reply.id,
-                content="".join(pieces),
-                token_ids=tokens,
-                status="interrupted",
-                finish_reason="error",
-            )
+            save(status="interrupted", finish_reason="error")
             raise
         finally:
             generation, self._active = self._active, None
         stats = generation.stats
         cancelled = stats is not None and stats.finish_reason == FinishReason.CANCELLED
         status = "interrupted" if cancelled else "complete"
-        self.store.update_message(
-            reply.id,
-            content="".join(pieces),
-            token_ids=tokens,
+        save(
             status=status,
             finish_reason=str(stats.finish_reason) if stats else None,
             stats=stats.as_dict() if stats else None,

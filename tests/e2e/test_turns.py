@@ -165,3 +165,35 @@ def test_edit_and_regenerate_branch_and_trim_kv(store: ConversationStore, model_
         edited.user_message_id,
         edited.reply_message_id,
     ]
+
+
+def test_stop_then_continue_the_interrupted_reply(store: ConversationStore, model_path, run):
+    async def scenario():
+        session = await start_session(store, model_path)
+        try:
+            conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 60})
+            count = 0
+
+            def stop_after_some(_event) -> None:
+                nonlocal count
+                count += 1
+                if count == 6:
+                    session.cancel()
+
+            stopped = await session.send(
+                conversation.id, "Count from 1 to 50.", on_token=stop_after_some
+            )
+            partial = store.get_message(stopped.reply_message_id)
+            continued = await session.continue_reply(stopped.reply_message_id)
+            return stopped, partial, continued
+        finally:
+            await session.engine.close()
+
+    stopped, partial, continued = run(scenario())
+    assert stopped.status == "interrupted" and partial.status == "interrupted"
+    assert continued.reply_message_id == stopped.reply_message_id  # the same message grows
+    assert continued.token_ids[: len(stopped.token_ids)] == stopped.token_ids
+    assert continued.text.startswith(stopped.text) and len(continued.text) > len(stopped.text)
+    assert continued.stats.prefilled_tokens <= 2  # the partial reply was still in the KV
+    final = store.get_message(continued.reply_message_id)
+    assert final.status == "complete" and final.content == continued.text
