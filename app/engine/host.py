@@ -39,6 +39,7 @@ from app.engine.worker import EngineState, Priority, load_tokenizer
 __all__ = ["EngineClient", "EngineCrashedError", "EngineState", "Generation", "Priority"]
 
 
+StateListener = Callable[[EngineState, str], None]
 SHUTDOWN_S = 60.0  # a clean exit writes snapshots of resident conversations first
 
 
@@ -95,7 +96,7 @@ class EngineClient:
         options: LoadOptions,
         *,
         backend: str = "llama.cpp",
-        on_state: Callable[[EngineState, str], None] | None = None,
+        on_state: StateListener | None = None,
         log_path: Path | None = None,
     ) -> None:
         self.options = options
@@ -103,7 +104,7 @@ class EngineClient:
         self.info: ModelInfo | None = None
         self.state = EngineState.STOPPED
         self.last_error = ""
-        self._on_state = on_state
+        self._listeners: list[StateListener] = [on_state] if on_state else []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._log_path = log_path or Path(os.devnull)
         self._process: subprocess.Popen | None = None
@@ -116,6 +117,10 @@ class EngineClient:
         self._closing = False
         self._tokenizer: tuple[tuple[str, str], Tokenizer] | None = None
         self._reader: threading.Thread | None = None
+
+    def add_state_listener(self, listener: StateListener) -> None:
+        """Called on the event loop with (state, detail) whenever the engine's state changes."""
+        self._listeners.append(listener)
 
     def local_tokenizer(self) -> Tokenizer:
         """The model's tokenizer in this process (vocab only, no weights), for building
@@ -382,8 +387,8 @@ class EngineClient:
         self.state = state
         if detail:
             self.last_error = detail
-        if self._on_state is not None:
-            self._on_state(state, detail)
+        for listener in self._listeners:
+            listener(state, detail)
 
 
 def _describe_exit(exitcode: int | None) -> str:

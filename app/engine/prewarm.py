@@ -9,6 +9,7 @@ engine host preempts a running prefill when a send arrives.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
 from collections.abc import Coroutine
@@ -45,7 +46,8 @@ class Prewarmer:
         self.debounce_s = debounce_s
         self.max_wait_s = max_wait_s
         self._due: dict[str, float] = {}  # conversation -> latest time its draft prefill runs
-        self._tasks: dict[tuple[str, str], asyncio.Task] = {}  # (kind, conversation) -> task
+        self._tasks: dict[tuple[str, str, int], asyncio.Task] = {}  # (kind, conversation, n)
+        self._ids = itertools.count()
         self.last: dict[str, GenerationStats] = {}  # conversation -> last prefill's stats
 
     @property
@@ -79,30 +81,33 @@ class Prewarmer:
 
     def cancel(self, conversation_id: str | None = None) -> None:
         """Drop pending prefills (of one conversation, or all), e.g. right before a send."""
-        for (kind, conv), task in list(self._tasks.items()):
+        for (kind, conv, _), task in list(self._tasks.items()):
             if kind != "snapshot" and conversation_id in (None, conv):
                 task.cancel()
+                if kind == "draft":
+                    self._due.pop(conv, None)  # the next keystroke is debounced afresh
 
     async def idle(self) -> None:
-        """Wait until every scheduled prefill and snapshot has finished."""
+        """Wait until every scheduled prefill and snapshot has finished. (Waiting is not
+        joining: cancelling this wait leaves the work running.)"""
         while self._tasks:
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            await asyncio.wait(list(self._tasks.values()))
 
     # -- the work --
 
     def _start(self, kind: str, conversation_id: str, work: Coroutine) -> asyncio.Task:
-        key = (kind, conversation_id)
-        previous = self._tasks.get(key)
-        if previous is not None and kind != "snapshot":
-            previous.cancel()
+        """Schedule `work`; a new prefill of a kind supersedes the pending one, while every
+        snapshot runs to its end."""
+        if kind != "snapshot":
+            for (other, conv, _), task in list(self._tasks.items()):
+                if (other, conv) == (kind, conversation_id):
+                    task.cancel()
+        key = (kind, conversation_id, next(self._ids))
         task = asyncio.get_running_loop().create_task(self._guard(work))
         self._tasks[key] = task
-        task.add_done_callback(lambda done: self._forget(key, done))
+        task.add_done_callback(lambda _done: self._tasks.pop(key, None))
+        task.add_done_callback(lambda _done: work.close())  # cancelled before it started
         return task
-
-    def _forget(self, key: tuple[str, str], task: asyncio.Task) -> None:
-        if self._tasks.get(key) is task:
-            del self._tasks[key]
 
     @staticmethod
     async def _guard(work: Coroutine) -> None:

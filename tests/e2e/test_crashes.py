@@ -26,7 +26,7 @@ def test_engine_killed_mid_reply_keeps_partial_and_restarts(
     async def scenario():
         session = await start_session(store, model_path)
         states: list[EngineState] = []
-        session.engine._on_state = lambda state, detail: states.append(state)
+        session.engine.add_state_listener(lambda state, detail: states.append(state))
         conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 400})
         seen: list[int] = []
 

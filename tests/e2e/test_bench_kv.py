@@ -1,0 +1,53 @@
+"""`stoke bench kv`, small, on the real engine: it runs, prints its table and writes its JSON.
+Only token counts are checked; times depend on the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ROW = re.compile(r"^(?P<scenario>\S+)\s+(?P<row>\S+)\s+(?P<ttft>\d+\.\d+)\s+\S+", re.MULTILINE)
+
+
+def test_bench_kv_follow_up_and_typed(tmp_path: Path) -> None:
+    report_path = tmp_path / "kv.json"
+    command = [sys.executable, "-m", "app", "bench", "kv", "--reps", "1", "--history", "300"]
+    command += ["--only", "follow_up", "typed", "--json", str(report_path)]
+    done = subprocess.run(
+        command, cwd=REPO, env=os.environ.copy(), capture_output=True, text=True, timeout=300
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "Traceback" not in output, output
+
+    rows = {(m["scenario"], m["row"]) for m in ROW.finditer(done.stdout)}
+    expected = {("follow_up", r) for r in ("naive", "anchor", "stoke")}
+    expected |= {("typed", r) for r in ("cold", "prewarm")}
+    assert expected <= rows, done.stdout
+    assert not {scenario for scenario, _ in rows} - {"follow_up", "typed"}
+
+    report = json.loads(report_path.read_text("utf-8"))
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == report  # also printed as JSON
+    results = report["results"]
+    assert set(results) == {"follow_up", "typed"}
+
+    follow_up = results["follow_up"]
+    for key in ("naive_ttft_s", "anchor_ttft_s", "stoke_ttft_s"):
+        assert follow_up[key] > 0, follow_up
+    assert follow_up["history_tokens"] >= 300
+    assert follow_up["new_tokens"] > 0
+    assert follow_up["stoke_prefilled_tokens"] <= follow_up["new_tokens"] + 2, follow_up
+
+    typed = results["typed"]
+    assert typed["prewarm_ttft_s"] > 0 and typed["cold_ttft_s"] > 0, typed
+    assert typed["cold_prefilled_tokens"] >= typed["message_tokens"], typed
+    assert typed["prewarm_prefilled_tokens"] < typed["cold_prefilled_tokens"] / 5, typed
+
+    targets = report["targets"]
+    assert targets["follow_up: prefilled <= new + 2"] is True
+    assert "typed: prewarm <= cold / 5" in targets  # a timing target: shown, not asserted
