@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from app.cli import chat
 
@@ -22,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="stoke",
         description="Chat with large local models without re-reading the conversation.",
     )
+    chat.add_model_arguments(parser)
+    parser.add_argument("--conversation", metavar="ID", help="open this conversation")
+    parser.add_argument("--screenshot", metavar="PATH", help="render the window to a PNG, exit")
+    parser.add_argument("--theme", choices=("light", "dark"), help="with --screenshot")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     chat.add_parser(subparsers)
     doctor = subparsers.add_parser("doctor", help="versions, paths, devices, engine checks")
@@ -29,17 +34,40 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(run=_doctor)
     bench = subparsers.add_parser("bench", help="benchmarks (see bench/)")
     benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    from bench import kv
+    from bench import kv, ui_stall
 
     kv.add_parser(benchmarks)
+    ui_stall.add_parser(benchmarks)
+    dev = subparsers.add_parser("dev", help="developer tools")
+    tools = dev.add_subparsers(dest="tool", metavar="TOOL", required=True)
+    from app.hardware import synthetic_gguf
+
+    synthetic_gguf.add_parser(tools)
     return parser
+
+
+def _gui(args: argparse.Namespace) -> int:
+    """No subcommand: the desktop app (or, with no display, the terminal chat)."""
+    from app.ui.app import display_available, run_gui, screenshot
+
+    options = chat.load_options(args)
+    if args.screenshot:
+        return screenshot(
+            options, Path(args.screenshot), conversation=args.conversation, theme=args.theme
+        )
+    if not display_available():
+        print(
+            "stoke: no display found; starting the terminal chat (`stoke chat`).", file=sys.stderr
+        )
+        return chat.run(build_parser().parse_args(["chat", *sys.argv[1:]]))
+    return run_gui(options, conversation=args.conversation)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:  # the desktop window arrives with the GUI; until then, chat
-        args = parser.parse_args(["chat", *(argv or sys.argv[1:])])
+    if args.command is None:
+        return _gui(args)
     return args.run(args)
 
 

@@ -126,17 +126,26 @@ class ChatSession:
         on_start: OnStart | None = None,
     ) -> TurnResult:
         """Add a user message (after `parent_id`, default the current leaf) and reply to it."""
+        conversation = self.store.get_conversation(conversation_id)
+        return await self._post(
+            conversation,
+            conversation.current_leaf_id if parent_id is None else parent_id,
+            text,
+            drop_oldest=drop_oldest,
+            on_token=on_token,
+            on_start=on_start,
+        )
+
+    async def _post(
+        self, conversation: Conversation, parent_id: str | None, text: str, **kwargs: Any
+    ) -> TurnResult:
+        """A user message after `parent_id` (None: a first message), then its reply."""
         if not text.strip():
             raise EmptyMessageError()
-        conversation = self.store.get_conversation(conversation_id)
-        if parent_id is None:
-            parent_id = conversation.current_leaf_id
         user = self._unanswered(conversation.id, parent_id, text) or self.store.add_message(
             conversation.id, parent_id, "user", text
         )
-        return await self._reply(
-            conversation, user, drop_oldest=drop_oldest, on_token=on_token, on_start=on_start
-        )
+        return await self._reply(conversation, user, **kwargs)
 
     def _unanswered(self, conversation_id: str, leaf_id: str | None, text: str) -> Message | None:
         """The same message sent again after a turn that never started (context full):
@@ -153,7 +162,8 @@ class ChatSession:
         old = self.store.get_message(user_message_id)
         if old.role != "user":
             raise EngineError("Only your own messages can be edited.")
-        return await self.send(old.conversation_id, text, parent_id=old.parent_id, **kwargs)
+        conversation = self.store.get_conversation(old.conversation_id)
+        return await self._post(conversation, old.parent_id, text, **kwargs)
 
     async def regenerate(self, reply_message_id: str, **kwargs: Any) -> TurnResult:
         """A new reply beside an old one, to the same user message."""

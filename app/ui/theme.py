@@ -50,7 +50,10 @@ QWidget#composer { border-top: 1px solid palette(mid); }
 QPlainTextEdit#composer-editor { border: 1px solid palette(mid); border-radius: 10px;
     padding: 8px; font-size: 14px; }
 QLabel#warm-indicator { color: #2e9d5b; font-size: 11px; }
-QPushButton { padding: 6px 14px; border-radius: 8px; }
+QPushButton { padding: 6px 14px; border-radius: 8px; border: 1px solid palette(mid);
+    background: palette(button); }
+QPushButton:hover { border-color: palette(highlight); }
+QPushButton:disabled { color: palette(placeholder-text); }
 QStatusBar { font-size: 12px; }
 """
 
@@ -68,8 +71,16 @@ def apply(app: QApplication, theme: str) -> bool:
     dark = is_dark(theme)
     app.setStyle("Fusion")
     palette = QPalette()
-    for role, color in (_DARK if dark else _LIGHT).items():
+    colors = _DARK if dark else _LIGHT
+    for role, color in colors.items():
         palette.setColor(role, QColor(color))
+    muted = QColor(colors[QPalette.ColorRole.PlaceholderText])
+    for role in (
+        QPalette.ColorRole.WindowText,
+        QPalette.ColorRole.Text,
+        QPalette.ColorRole.ButtonText,
+    ):
+        palette.setColor(QPalette.ColorGroup.Disabled, role, muted)
     app.setPalette(palette)
     app.setStyleSheet(STYLE)
     return dark

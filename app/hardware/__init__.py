@@ -1,0 +1,1 @@
+"""Hardware detection and the offload planner."""

@@ -1,0 +1,367 @@
+"""DeepSeek V4 Flash as llama.cpp sees it, without downloading 150 GB.
+
+The offload planner has to be built and tested against the flagship's real tensor names,
+shapes and quant types, and against what llama.cpp allocates for them. This writes `deepseek4`
+GGUFs that follow llama.cpp's own loader (vendored in llama-cpp-python 0.3.36:
+`src/models/deepseek4.cpp`, `src/llama-arch.cpp`, `conversion/deepseek.py`):
+
+- `full`: the real dimensions and quant types of the 0731 release, tensor data left as a
+  sparse hole. Seconds to write, a few MB on disk where the filesystem keeps holes (ext4,
+  xfs, btrfs, tmpfs, APFS); inspection and llama.cpp dry runs (`no_alloc`) see the real
+  148,899 MiB model.
+- `scaled`: the same structure (compressed-KV and indexer layers, hash-routed first layers,
+  hyper-connections, shared expert) at toy sizes with seeded random weights in types the
+  CPU backend runs, so llama.cpp really loads it and generates (gibberish).
+
+The installed gguf-py does not know `deepseek4`, so keys are written by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from gguf import (
+    GGML_QUANT_SIZES,
+    GGMLQuantizationType,
+    GGUFWriter,
+    LlamaFileType,
+    TokenType,
+)
+from gguf.quants import quantize
+
+Mode = Literal["full", "scaled"]
+Q = GGMLQuantizationType
+
+ARCH = "deepseek4"
+BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+SQRT_SOFTPLUS = 4  # LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS, the only gating deepseek4 loads
+# A few byte-level BPE merges, so the scaled tokenizer merges real text like the real one.
+_MERGES = ("Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "r e", "a t")
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Hyperparameters of a deepseek4 model; the defaults are DeepSeek-V4-Flash's."""
+
+    n_layer: int = 43
+    n_embd: int = 4096
+    n_vocab: int = 129_280
+    n_ctx_train: int = 1_048_576
+    n_head: int = 64
+    head_dim: int = 512  # one shared K=V row per token
+    n_rot: int = 64
+    q_lora_rank: int = 1024
+    o_groups: int = 8
+    o_lora_rank: int = 1024
+    sliding_window: int = 128
+    n_expert: int = 256
+    n_expert_used: int = 6
+    n_expert_shared: int = 1
+    n_ff_exp: int = 2048
+    hash_layers: int = 3  # first layers route by token id (tid2eid), not by the router
+    indexer_heads: int = 64
+    indexer_head_dim: int = 128
+    indexer_top_k: int = 512
+    hc_mult: int = 4  # hyper-connection streams
+    rope_yarn_orig_ctx: int = 65_536
+
+    def compress_ratio(self, layer: int) -> int:
+        """0 (raw window only) for layers 0-1, then 4:1 with indexer (even), 128:1 (odd)."""
+        if layer < 2:
+            return 0
+        return 4 if layer % 2 == 0 else 128
+
+
+FLASH = Dims()
+SCALED = Dims(
+    n_layer=6,
+    n_embd=256,
+    n_vocab=512,
+    n_ctx_train=4096,
+    n_head=8,
+    head_dim=64,
+    n_rot=16,
+    q_lora_rank=64,
+    o_groups=2,
+    o_lora_rank=64,
+    sliding_window=16,
+    n_expert=8,
+    n_expert_used=2,
+    n_ff_exp=128,
+    indexer_heads=4,
+    indexer_head_dim=64,  # llama.cpp's indexer Hadamard rotation starts at 64 wide
+    indexer_top_k=8,
+    rope_yarn_orig_ctx=1024,
+)
+
+# Storage of each tensor role in the 0731 release. Routed experts keep the checkpoint's FP4 as
+# MXFP4 and its FP8 projections become Q8_0, as llama.cpp's converter does
+# (conversion/deepseek.py). The release's per-tensor list is not at hand: the remaining roles
+# are the one natural assignment that reproduces its measured totals exactly (FIELD_NOTES:
+# 148,899 MiB of weights, 7,537 MiB outside the experts and token_embd). Only the output head
+# (Q8_0, 537 MiB) and the BF16/F32 split of the small roles (~300 MiB) rest on that fit.
+_FULL_TYPES: dict[str, Q] = {
+    "embedding": Q.BF16,
+    "output": Q.Q8_0,
+    "dense": Q.Q8_0,
+    "expert": Q.MXFP4,
+    "router": Q.F32,
+    "compressor": Q.BF16,
+    "indexer": Q.BF16,
+    "f32": Q.F32,
+    "i32": Q.I32,
+}
+# The scaled model swaps in types whose CPU kernels are plain and whose data numpy can write.
+_SCALED_TYPES = _FULL_TYPES | {
+    "embedding": Q.F16,
+    "expert": Q.Q8_0,
+    "compressor": Q.F16,
+    "indexer": Q.F16,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor to write: `shape` in ggml order (ne0 first), `role` picks its type."""
+
+    name: str
+    shape: tuple[int, ...]
+    role: str
+
+
+def tensor_specs(d: Dims) -> Iterator[TensorSpec]:
+    """Every tensor llama.cpp's deepseek4 loader creates (no MTP block), in its shapes."""
+    hc_dim, hc_mix = d.hc_mult * d.n_embd, (2 + d.hc_mult) * d.hc_mult
+    yield TensorSpec("token_embd.weight", (d.n_embd, d.n_vocab), "embedding")
+    yield TensorSpec("output_norm.weight", (d.n_embd,), "f32")
+    yield TensorSpec("output.weight", (d.n_embd, d.n_vocab), "output")
+    yield TensorSpec("output_hc_fn.weight", (hc_dim, d.hc_mult), "f32")
+    yield TensorSpec("output_hc_base.weight", (d.hc_mult,), "f32")
+    yield TensorSpec("output_hc_scale.weight", (1,), "f32")
+    for il in range(d.n_layer):
+        b = f"blk.{il}."
+        yield TensorSpec(b + "attn_norm.weight", (d.n_embd,), "f32")
+        yield TensorSpec(b + "attn_sinks.weight", (d.n_head,), "f32")
+        yield TensorSpec(b + "attn_q_a.weight", (d.n_embd, d.q_lora_rank), "dense")
+        yield TensorSpec(b + "attn_q_a_norm.weight", (d.q_lora_rank,), "f32")
+        yield TensorSpec(b + "attn_q_b.weight", (d.q_lora_rank, d.n_head * d.head_dim), "dense")
+        yield TensorSpec(b + "attn_kv.weight", (d.n_embd, d.head_dim), "dense")
+        yield TensorSpec(b + "attn_kv_a_norm.weight", (d.head_dim,), "f32")
+        # stored 2-D; llama.cpp views it as [.., o_lora_rank, o_groups] (TENSOR_ALLOW_RESHAPE)
+        o_a = (d.n_head * d.head_dim // d.o_groups, d.o_lora_rank * d.o_groups)
+        yield TensorSpec(b + "attn_output_a.weight", o_a, "dense")
+        yield TensorSpec(
+            b + "attn_output_b.weight", (d.o_groups * d.o_lora_rank, d.n_embd), "dense"
+        )
+        for stage in ("attn", "ffn"):
+            yield TensorSpec(b + f"hc_{stage}_fn.weight", (hc_dim, hc_mix), "f32")
+            yield TensorSpec(b + f"hc_{stage}_base.weight", (hc_mix,), "f32")
+            yield TensorSpec(b + f"hc_{stage}_scale.weight", (3,), "f32")
+        ratio = d.compress_ratio(il)
+        if ratio:
+            width = (2 if ratio == 4 else 1) * d.head_dim  # 4:1 windows overlap: two halves
+            yield TensorSpec(b + "attn_compressor_kv.weight", (d.n_embd, width), "compressor")
+            yield TensorSpec(b + "attn_compressor_gate.weight", (d.n_embd, width), "compressor")
+            yield TensorSpec(b + "attn_compressor_ape.weight", (width, ratio), "f32")
+            yield TensorSpec(b + "attn_compressor_norm.weight", (d.head_dim,), "f32")
+        if ratio == 4:
+            iw = 2 * d.indexer_head_dim
+            yield TensorSpec(b + "indexer.proj.weight", (d.n_embd, d.indexer_heads), "indexer")
+            q_b = (d.q_lora_rank, d.indexer_heads * d.indexer_head_dim)
+            yield TensorSpec(b + "indexer.attn_q_b.weight", q_b, "indexer")
+            yield TensorSpec(b + "indexer_compressor_kv.weight", (d.n_embd, iw), "compressor")
+            yield TensorSpec(b + "indexer_compressor_gate.weight", (d.n_embd, iw), "compressor")
+            yield TensorSpec(b + "indexer_compressor_ape.weight", (iw, ratio), "f32")
+            yield TensorSpec(b + "indexer_compressor_norm.weight", (d.indexer_head_dim,), "f32")
+        yield TensorSpec(b + "ffn_gate_inp.weight", (d.n_embd, d.n_expert), "router")
+        if il < d.hash_layers:
+            yield TensorSpec(b + "ffn_gate_tid2eid.weight", (d.n_expert_used, d.n_vocab), "i32")
+        else:
+            yield TensorSpec(b + "exp_probs_b.bias", (d.n_expert,), "f32")
+        yield TensorSpec(b + "ffn_norm.weight", (d.n_embd,), "f32")
+        exps = (d.n_embd, d.n_ff_exp, d.n_expert)
+        yield TensorSpec(b + "ffn_gate_exps.weight", exps, "expert")
+        yield TensorSpec(b + "ffn_down_exps.weight", (d.n_ff_exp, d.n_embd, d.n_expert), "expert")
+        yield TensorSpec(b + "ffn_up_exps.weight", exps, "expert")
+        shared = d.n_ff_exp * d.n_expert_shared
+        yield TensorSpec(b + "ffn_gate_shexp.weight", (d.n_embd, shared), "dense")
+        yield TensorSpec(b + "ffn_down_shexp.weight", (shared, d.n_embd), "dense")
+        yield TensorSpec(b + "ffn_up_shexp.weight", (d.n_embd, shared), "dense")
+
+
+def _n_bytes(shape: tuple[int, ...], qtype: Q) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    return int(np.prod(shape, dtype=np.int64)) // block * size
+
+
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's printable stand-in for each byte: llama.cpp's BPE needs all 256 as tokens."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = (b for b in range(256) if b not in printable)
+    table = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(extra)}
+    return [table[b] for b in range(256)]
+
+
+def _vocabulary(n_vocab: int) -> tuple[list[str], list[int]]:
+    """BOS, EOS, the 256 byte tokens, the merged tokens, then unused placeholders."""
+    merged = [m.replace(" ", "") for m in _MERGES]
+    tokens = [BOS, EOS, *_byte_level_alphabet(), *merged]
+    if n_vocab < len(tokens):
+        raise ValueError(f"n_vocab must be at least {len(tokens)} (byte tokens and merges)")
+    types = [TokenType.CONTROL] * 2 + [TokenType.NORMAL] * (len(tokens) - 2)
+    pad = n_vocab - len(tokens)
+    tokens += [f"<｜place▁holder▁no▁{i}｜>" for i in range(pad)]
+    types += [TokenType.UNUSED] * pad
+    return tokens, [int(t) for t in types]
+
+
+def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode) -> None:
+    a = ARCH
+    ratios = [d.compress_ratio(il) for il in range(d.n_layer)]
+    if mode == "full":
+        w.add_name("DeepSeek-V4-Flash-0731 (synthetic: real layout, no weights)")
+        w.add_file_type(LlamaFileType.MOSTLY_MXFP4_MOE)
+    else:
+        w.add_name("DeepSeek-V4-Flash (synthetic: scaled layout, random weights)")
+        w.add_file_type(LlamaFileType.MOSTLY_Q8_0)
+    w.add_quantization_version(2)
+    w.add_uint32(f"{a}.context_length", d.n_ctx_train)
+    w.add_uint32(f"{a}.embedding_length", d.n_embd)
+    w.add_uint32(f"{a}.embedding_length_out", d.n_embd * d.hc_mult)
+    w.add_uint32(f"{a}.block_count", d.n_layer)
+    w.add_uint32(f"{a}.attention.head_count", d.n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", 1)
+    w.add_uint32(f"{a}.attention.key_length", d.head_dim)
+    w.add_uint32(f"{a}.attention.value_length", d.head_dim)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_uint32(f"{a}.attention.q_lora_rank", d.q_lora_rank)
+    w.add_uint32(f"{a}.attention.sliding_window", d.sliding_window)
+    w.add_uint32(f"{a}.attention.output_group_count", d.o_groups)
+    w.add_uint32(f"{a}.attention.output_lora_rank", d.o_lora_rank)
+    w.add_array(f"{a}.attention.compress_ratios", ratios)
+    w.add_float32(f"{a}.attention.compress_rope_freq_base", 160_000.0)
+    w.add_uint32(f"{a}.attention.indexer.head_count", d.indexer_heads)
+    w.add_uint32(f"{a}.attention.indexer.key_length", d.indexer_head_dim)
+    w.add_uint32(f"{a}.attention.indexer.top_k", d.indexer_top_k)
+    w.add_uint32(f"{a}.rope.dimension_count", d.n_rot)
+    w.add_float32(f"{a}.rope.freq_base", 10_000.0)
+    w.add_string(f"{a}.rope.scaling.type", "yarn")
+    w.add_float32(f"{a}.rope.scaling.factor", 16.0)
+    w.add_uint32(f"{a}.rope.scaling.original_context_length", d.rope_yarn_orig_ctx)
+    w.add_float32(f"{a}.rope.scaling.yarn_beta_fast", 32.0)
+    w.add_float32(f"{a}.rope.scaling.yarn_beta_slow", 1.0)
+    w.add_uint32(f"{a}.expert_count", d.n_expert)
+    w.add_uint32(f"{a}.expert_used_count", d.n_expert_used)
+    w.add_uint32(f"{a}.expert_shared_count", d.n_expert_shared)
+    w.add_uint32(f"{a}.expert_feed_forward_length", d.n_ff_exp)
+    w.add_float32(f"{a}.expert_weights_scale", 1.5)
+    w.add_bool(f"{a}.expert_weights_norm", True)
+    w.add_uint32(f"{a}.expert_gating_func", SQRT_SOFTPLUS)
+    w.add_array(f"{a}.swiglu_clamp_exp", [10.0] * d.n_layer)
+    w.add_array(f"{a}.swiglu_clamp_shexp", [10.0] * d.n_layer)
+    w.add_uint32(f"{a}.hash_layer_count", d.hash_layers)
+    w.add_uint32(f"{a}.hyper_connection.count", d.hc_mult)
+    w.add_uint32(f"{a}.hyper_connection.sinkhorn_iterations", 20)
+    w.add_float32(f"{a}.hyper_connection.epsilon", 1e-6)
+    tokens, types = _vocabulary(d.n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("deepseek-v3")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(list(_MERGES))
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_add_bos_token(True)
+
+
+def _random_tensor(spec: TensorSpec, qtype: Q, d: Dims, rng: np.random.Generator) -> np.ndarray:
+    """Weights that keep activations finite: unit norms, fan-in scaled matrices."""
+    shape = tuple(reversed(spec.shape))  # numpy order
+    if qtype == Q.I32:  # token -> experts table: distinct experts per token
+        order = np.argsort(rng.random((d.n_vocab, d.n_expert)), axis=1)
+        return order[:, : d.n_expert_used].astype(np.int32)
+    if spec.name.endswith(("norm.weight", "_scale.weight")):
+        data = np.ones(shape, np.float32)
+    elif len(shape) == 1 or spec.name.endswith("ape.weight"):
+        data = np.zeros(shape, np.float32)
+    else:
+        data = rng.standard_normal(shape, np.float32) / np.sqrt(spec.shape[0])
+    if spec.name == "output.weight":
+        data[:2] = 0  # BOS/EOS logits stay 0, below the best random one: greedy runs to the end
+    if qtype == Q.Q8_0:
+        return quantize(data, Q.Q8_0)
+    return data.astype(np.float16 if qtype == Q.F16 else np.float32)
+
+
+def _write_sparse(writer: GGUFWriter, d: Dims) -> None:
+    """Header and tensor infos for real; the data region is only a length (a hole)."""
+    for spec in tensor_specs(d):
+        qtype = _FULL_TYPES[spec.role]
+        numpy_shape = tuple(reversed(spec.shape))
+        size = _n_bytes(spec.shape, qtype)
+        writer.add_tensor_info(spec.name, numpy_shape, np.dtype(np.float32), size, qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    (fout,) = writer.fout
+    align = writer.data_alignment
+    data_start = fout.tell() + (-fout.tell() % align)
+    span = sum(ti.nbytes + (-ti.nbytes % align) for ti in writer.tensors[0].values())
+    fout.truncate(data_start + span)
+
+
+def _write_random(writer: GGUFWriter, d: Dims, rng: np.random.Generator) -> None:
+    for spec in tensor_specs(d):
+        qtype = _SCALED_TYPES[spec.role]
+        data = _random_tensor(spec, qtype, d, rng)
+        writer.add_tensor(spec.name, data, raw_dtype=qtype if qtype == Q.Q8_0 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+
+
+def write_deepseek4(
+    path: str | os.PathLike[str], *, mode: Mode, seed: int = 0, **dims: int
+) -> Path:
+    """Write a deepseek4 GGUF at `path`; `dims` override fields of `Dims` for that mode."""
+    if mode not in ("full", "scaled"):
+        raise ValueError(f"mode must be 'full' or 'scaled', not {mode!r}")
+    out = Path(path)
+    d = dataclasses.replace(FLASH if mode == "full" else SCALED, **dims)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(out, ARCH)
+    _add_metadata(writer, d, mode)
+    if mode == "full":
+        _write_sparse(writer, d)
+    else:
+        _write_random(writer, d, np.random.default_rng(seed))
+    writer.close()
+    return out
+
+
+def _make_gguf(args: argparse.Namespace) -> int:
+    path = write_deepseek4(args.out, mode=args.mode, seed=args.seed)
+    stat = path.stat()
+    print(
+        f"wrote {path} ({args.mode}): apparent size {stat.st_size / 2**20:,.1f} MiB, "
+        f"on disk {stat.st_blocks * 512 / 2**20:,.1f} MiB"
+    )
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """`stoke dev make-gguf`: write a synthetic DeepSeek V4 Flash GGUF."""
+    parser = subparsers.add_parser(
+        "make-gguf", help="write a synthetic DeepSeek V4 Flash GGUF (full sparse or scaled)"
+    )
+    parser.add_argument("--mode", choices=("full", "scaled"), required=True)
+    parser.add_argument("--seed", type=int, default=0, help="random weights of the scaled model")
+    parser.add_argument("out", type=Path, help="the .gguf file to write")
+    parser.set_defaults(run=_make_gguf)

@@ -1,0 +1,246 @@
+"""What a GGUF holds, read from its header alone: the facts an offload planner places by.
+
+A 150 GB model must be sized before anything loads it, so this reads metadata and tensor
+infos through gguf-py's memory-mapped reader and never touches tensor data. Split models
+(`name-00001-of-00004.gguf`) are read as one model across all their parts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileType
+from gguf.gguf_reader import ReaderField
+
+from app.engine.model_file import check_gguf
+from app.engine.protocol import ModelLoadError
+
+TensorKind = Literal[
+    "expert", "shared_expert", "attention", "ffn_dense", "norm", "embedding", "output", "other"
+]
+
+_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+_MAX_ARRAY = 1024  # per-layer arrays are kept in `metadata`; vocabularies are not
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as the file lays it out. `shape` is in ggml order (ne0 first), as
+    llama.cpp prints it; `offset` is absolute within `GGUFInfo.files[part]`."""
+
+    name: str
+    ggml_type: str
+    shape: tuple[int, ...]
+    n_bytes: int
+    offset: int
+    layer: int | None
+    kind: TensorKind
+    part: int
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    """A model's architecture, sizes and tensors, from every part of the file."""
+
+    path: Path
+    files: tuple[Path, ...]
+    architecture: str
+    name: str | None
+    block_count: int | None
+    context_length: int | None
+    embedding_length: int | None
+    expert_count: int | None
+    expert_used_count: int | None
+    file_type: str | None
+    vocab_size: int | None
+    metadata: Mapping[str, object]
+    tensors: tuple[TensorInfo, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors)
+
+    def bytes_by_kind(self) -> dict[TensorKind, int]:
+        totals: dict[TensorKind, int] = defaultdict(int)
+        for t in self.tensors:
+            totals[t.kind] += t.n_bytes
+        return dict(totals)
+
+    def bytes_by_layer(self, kind: TensorKind | None = None) -> dict[int, int]:
+        """Bytes of each block (optionally of one kind); tensors outside blocks are left out."""
+        totals: dict[int, int] = defaultdict(int)
+        for t in self.tensors:
+            if t.layer is not None and (kind is None or t.kind == kind):
+                totals[t.layer] += t.n_bytes
+        return dict(sorted(totals.items()))
+
+
+def classify(name: str) -> TensorKind:
+    """The role of a tensor, from llama.cpp's naming conventions (`blk.N.ffn_up_exps.weight`).
+
+    "expert" is exactly what an `_exps.` override moves; routers (`ffn_gate_inp`, `exp_probs_b`,
+    `ffn_gate_tid2eid`) and hyper-connection mixers (`hc_*`) stay with their block as "other".
+    """
+    base = _BLOCK.sub("", name).removesuffix(".weight").removesuffix(".bias")
+    leaf = base.rsplit(".", 1)[-1]
+    if "_exps" in base:
+        return "expert"
+    if "_shexp" in base:
+        return "shared_expert"
+    if "norm" in leaf:
+        return "norm"
+    if "token_embd" in base or leaf == "embed_tokens":
+        return "embedding"
+    if base == "output" or base.startswith("output_") or leaf == "shared_head_head":
+        return "output"
+    if base.startswith(("attn_", "indexer")):
+        return "attention"
+    if base in ("ffn_gate", "ffn_up", "ffn_down", "ffn_gate_up"):
+        return "ffn_dense"
+    return "other"
+
+
+def split_parts(path: Path) -> tuple[Path, ...]:
+    """All parts of a split model given any one of them; a single-file model is its own part."""
+    match = _SPLIT.match(path.name)
+    if match is None:
+        return (path,)
+    count = int(match["count"])
+    parts = tuple(
+        path.with_name(f"{match['stem']}-{no:05d}-of-{count:05d}.gguf")
+        for no in range(1, count + 1)
+    )
+    missing = [p.name for p in parts if not p.exists()]
+    if missing:
+        raise ModelLoadError(
+            f"{path.name} is one part of a {count}-part model, but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} missing. Download every part into "
+            f"{path.parent}."
+        )
+    return parts
+
+
+class _HeaderReader(GGUFReader):
+    """GGUFReader that keeps the tensor infos and maps no tensor data: gguf-py would reshape a
+    view of every tensor, which fails on a truncated file before it could be named so."""
+
+    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
+        self.tensor_fields = fields
+        self.tensors = []
+
+
+def _read(path: Path) -> _HeaderReader:
+    check_gguf(path)
+    try:
+        return _HeaderReader(path)
+    except Exception as exc:  # gguf-py reports a cut-off header as whatever broke first
+        raise ModelLoadError(
+            f"{path.name} is truncated or damaged: its GGUF header cannot be read ({exc}). "
+            "Download it again."
+        ) from exc
+
+
+def _value(field: ReaderField) -> object | None:
+    """A metadata value as plain Python; None for arrays too long to be per-layer values."""
+    if len(field.data) > _MAX_ARRAY:
+        return None
+    value = field.contents()
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _tensors(reader: _HeaderReader, part: int, file_size: int, path: Path) -> list[TensorInfo]:
+    tensors = []
+    for field in reader.tensor_fields:
+        _, name_data, _, dims, raw_type, rel_offset = field.parts
+        name = bytes(name_data).decode("utf-8", "replace")
+        try:
+            qtype = GGMLQuantizationType(int(raw_type[0]))
+        except ValueError as exc:
+            raise ModelLoadError(
+                f"{path.name}: tensor {name} has ggml type {int(raw_type[0])}, which this "
+                "version of Stoke does not know. Update Stoke or choose another file."
+            ) from exc
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        shape = tuple(int(d) for d in dims)
+        n_bytes = math.prod(shape) * type_size // block
+        offset = reader.data_offset + int(rel_offset[0])
+        if offset + n_bytes > file_size:
+            raise ModelLoadError(
+                f"{path.name} is truncated: tensor {name} ends at byte {offset + n_bytes:,} "
+                f"but the file has {file_size:,} bytes. Download it again."
+            )
+        layer = _BLOCK.match(name)
+        tensors.append(
+            TensorInfo(
+                name=name,
+                ggml_type=qtype.name,
+                shape=shape,
+                n_bytes=n_bytes,
+                offset=offset,
+                layer=int(layer[1]) if layer else None,
+                kind=classify(name),
+                part=part,
+            )
+        )
+    return tensors
+
+
+def _file_type(value: object) -> str | None:
+    if not isinstance(value, int):
+        return None
+    try:
+        return LlamaFileType(value).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return str(value)
+
+
+def inspect_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
+    """Read a GGUF model's header (every part of a split model); raises ModelLoadError."""
+    first = Path(path).expanduser()
+    parts = split_parts(first)
+    metadata: dict[str, object] = {}
+    tensors: list[TensorInfo] = []
+    vocab_size = None
+    for index, part in enumerate(parts):
+        reader = _read(part)
+        for key, field in reader.fields.items():
+            if key.startswith("GGUF."):
+                continue
+            if key == "tokenizer.ggml.tokens":
+                vocab_size = len(field.data)
+            value = _value(field)
+            if value is not None:
+                metadata.setdefault(key, value)
+        tensors.extend(_tensors(reader, index, part.stat().st_size, part))
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelLoadError(f"{first.name} has no general.architecture: it is not a model file.")
+
+    def number(key: str) -> int | None:
+        value = metadata.get(f"{arch}.{key}")
+        return int(value) if isinstance(value, int) else None
+
+    name = metadata.get("general.name")
+    return GGUFInfo(
+        path=parts[0],
+        files=parts,
+        architecture=arch,
+        name=name if isinstance(name, str) else None,
+        block_count=number("block_count"),
+        context_length=number("context_length"),
+        embedding_length=number("embedding_length"),
+        expert_count=number("expert_count"),
+        expert_used_count=number("expert_used_count"),
+        file_type=_file_type(metadata.get("general.file_type")),
+        vocab_size=vocab_size,
+        metadata=metadata,
+        tensors=tuple(tensors),
+    )

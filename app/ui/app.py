@@ -1,0 +1,116 @@
+"""Starts the desktop app: Qt application, qasync loop, engine host, chat session, window."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtWidgets import QApplication
+
+from app import paths
+from app.conversations import ConversationStore, StoreError
+from app.engine.host import EngineClient
+from app.engine.protocol import EngineError, LoadOptions
+from app.session import ChatSession
+from app.ui.main_window import MainWindow
+
+
+def display_available() -> bool:
+    """Whether a window can be shown (else the terminal chat is the app)."""
+    if sys.platform == "darwin" or os.environ.get("QT_QPA_PLATFORM"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def window_settings() -> QSettings:
+    """Window state lives with the rest of Stoke's config (STOKE_HOME-aware)."""
+    return QSettings(str(paths.config_dir() / "window.ini"), QSettings.Format.IniFormat)
+
+
+async def _open(
+    options: LoadOptions, conversation: str | None, theme: str | None
+) -> tuple[MainWindow, ChatSession]:
+    store = ConversationStore.open()
+    client = EngineClient(options, log_path=paths.cache_dir() / "engine.log")
+    session = ChatSession(store, client)
+    window = MainWindow(session, window_settings())
+    if theme:
+        window.apply_theme(theme)
+    if store.recovered_from is not None:
+        window.banner.show_message(
+            f"The conversation database was damaged; it was moved to {store.recovered_from} "
+            "and a new one was started.",
+        )
+    window.restore_state()
+    if conversation:
+        window.open_conversation(store.get_conversation(conversation).id)
+    window.show()
+    with contextlib.suppress(EngineError):  # the window shows why, and stays usable
+        await client.start()
+    return window, session
+
+
+async def _shutdown(window: MainWindow, session: ChatSession) -> None:
+    session.cancel()
+    await window.prewarm.idle()
+    await session.engine.close()
+    session.store.close()
+
+
+def run_gui(options: LoadOptions, *, conversation: str | None = None) -> int:
+    """The app's main loop until the window closes."""
+    import qasync
+
+    app = QApplication.instance() or QApplication(sys.argv)
+    app.setApplicationName("Stoke")
+    app.setOrganizationName("Stoke")
+    app.setQuitOnLastWindowClosed(False)  # the loop still has to shut the engine down
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    closed = asyncio.Event()
+    app.lastWindowClosed.connect(closed.set)
+
+    async def main() -> None:
+        window, session = await _open(options, conversation, None)
+        await closed.wait()
+        await _shutdown(window, session)
+
+    with loop:
+        try:
+            loop.run_until_complete(main())
+        except StoreError as exc:
+            print(f"stoke: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def screenshot(
+    options: LoadOptions, path: Path, *, conversation: str | None, theme: str | None
+) -> int:
+    """Render the main window offscreen to a PNG and exit."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    import qasync
+
+    app = QApplication.instance() or QApplication(sys.argv)
+    app.setQuitOnLastWindowClosed(False)
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+
+    async def main() -> None:
+        window, session = await _open(options, conversation, theme)
+        await window.prewarm.idle()
+        done = asyncio.Event()
+        QTimer.singleShot(300, done.set)  # let layouts and the markdown settle
+        await done.wait()
+        window.grab().save(str(path))
+        window.close()
+        await _shutdown(window, session)
+
+    with loop:
+        loop.run_until_complete(main())
+    print(path)
+    return 0

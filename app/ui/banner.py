@@ -1,0 +1,74 @@
+"""A dismissible message strip above the chat: errors in words, with the actions that fix them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
+
+_COLORS = {
+    "error": ("#fde8e8", "#8a1c1c", "#4a1f22", "#ffd7d7"),
+    "info": ("#e8f0fd", "#1c3f8a", "#1f2c4a", "#d7e4ff"),
+}
+
+
+class Banner(QFrame):
+    """Shows one message at a time; `show_message` replaces whatever was there."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("banner")
+        self.setAccessibleName("Notice")
+        self.text = QLabel(self)
+        self.text.setWordWrap(True)
+        self.text.setObjectName("banner-text")
+        self._layout = QHBoxLayout(self)
+        self._layout.setContentsMargins(12, 8, 8, 8)
+        self._layout.addWidget(self.text, 1)
+        self._actions: list[QPushButton] = []
+        close = QToolButton(self)
+        close.setText("✕")
+        close.setAccessibleName("Dismiss notice")
+        close.setToolTip("Dismiss")
+        close.setAutoRaise(True)
+        close.clicked.connect(self.hide)
+        self._close = close
+        self._layout.addWidget(close)
+        self._dark = False
+        self.hide()
+
+    def set_dark(self, dark: bool) -> None:
+        self._dark = dark
+
+    def show_message(
+        self,
+        message: str,
+        actions: list[tuple[str, Callable[[], object]]] | None = None,
+        *,
+        kind: str = "error",
+    ) -> None:
+        for button in self._actions:
+            button.deleteLater()
+        self._actions = []
+        light_bg, light_fg, dark_bg, dark_fg = _COLORS[kind]
+        bg, fg = (dark_bg, dark_fg) if self._dark else (light_bg, light_fg)
+        self.setStyleSheet(f"QFrame#banner {{ background: {bg}; }} QLabel {{ color: {fg}; }}")
+        self.text.setText(message)
+        for label, callback in actions or []:
+            button = QPushButton(label, self)
+            button.setAccessibleName(label)
+            button.clicked.connect(lambda _=False, cb=callback: (self.hide(), cb()))
+            self._layout.insertWidget(self._layout.count() - 1, button)
+            self._actions.append(button)
+        self.show()
+
+    def action_labels(self) -> list[str]:
+        return [button.text() for button in self._actions]
+
+    def trigger(self, label: str) -> None:
+        """Press an action by its label (keyboard users and tests)."""
+        for button in self._actions:
+            if button.text() == label:
+                button.click()
+                return
+        raise KeyError(label)

@@ -1,0 +1,533 @@
+"""The main window: sidebar, chat, composer, header with engine state, status line, menus.
+
+Turns run as asyncio tasks on Qt's own loop (qasync), so the window never blocks: tokens
+arrive as callbacks and are appended to the streaming bubble. Every error a user can reach
+ends in the banner, in words, with the action that fixes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.conversations import Message, StoreError
+from app.conversations.export import export_json, export_markdown, import_json
+from app.engine.host import EngineCrashedError, EngineState
+from app.engine.prewarm import Prewarmer
+from app.engine.protocol import ContextOverflowError, EngineError, FinishReason, TokenEvent
+from app.session import ChatSession, TurnResult
+from app.ui import theme
+from app.ui.banner import Banner
+from app.ui.chat_view import ChatView
+from app.ui.composer import Composer
+from app.ui.models import MessageView
+from app.ui.settings_panel import ConversationSettings
+from app.ui.sidebar import Sidebar
+
+log = logging.getLogger("stoke.ui")
+
+STATE_LABELS = {
+    EngineState.STOPPED: ("Stopped", "#8a8f98"),
+    EngineState.LOADING: ("Loading model…", "#c98a12"),
+    EngineState.READY: ("Ready", "#2e9d5b"),
+    EngineState.PREFILLING: ("Prefilling…", "#2f6fde"),
+    EngineState.GENERATING: ("Generating…", "#7b4fd6"),
+    EngineState.CRASHED: ("Crashed — restarting", "#c0392b"),
+    EngineState.FAILED: ("Model failed to load", "#c0392b"),
+}
+
+
+def stats_line(stats: dict | None) -> str:
+    """The status line of a turn: speed, and how much of the prompt came from the cache."""
+    if not stats:
+        return ""
+    return (
+        f"TTFT {stats['ttft_s']:.2f} s · prefill {stats['prefill_tok_s']:,.0f} tok/s · "
+        f"decode {stats['decode_tok_s']:,.0f} tok/s · reused {stats['reused_tokens']:,} of "
+        f"{stats['prompt_tokens']:,} prompt tokens"
+    )
+
+
+class MainWindow(QMainWindow):
+    """The application a person uses every day."""
+
+    def __init__(self, session: ChatSession, settings: QSettings) -> None:
+        super().__init__()
+        self.session = session
+        self.store = session.store
+        self.prewarm = Prewarmer(session)
+        self.settings = settings
+        self.conversation_id: str | None = None
+        self.turn: asyncio.Task | None = None
+        self._streaming_id: str | None = None
+        self._theme = str(settings.value("theme", "system"))
+        self.setWindowTitle("Stoke")
+        self.setAccessibleName("Stoke")
+        self.resize(1180, 780)
+
+        self.sidebar = Sidebar(self.store, self)
+        self.chat = ChatView(self)
+        self.composer = Composer(self)
+        self.banner = Banner(self)
+        self.header = self._build_header()
+        right = QWidget(self)
+        column = QVBoxLayout(right)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(0)
+        column.addWidget(self.header)
+        column.addWidget(self.banner)
+        column.addWidget(self.chat, 1)
+        column.addWidget(self.composer)
+        self.splitter = QSplitter(Qt.Orientation.Horizontal, self)
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(right)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([270, 910])
+        self.setCentralWidget(self.splitter)
+
+        self.conversation_settings = ConversationSettings(self.store, self)
+        self.settings_dock = QDockWidget("Conversation settings", self)
+        self.settings_dock.setObjectName("settings-dock")
+        self.settings_dock.setWidget(self.conversation_settings)
+        self.settings_dock.setAccessibleName("Conversation settings")
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.settings_dock)
+        self.settings_dock.hide()
+        self.status = QLabel("", self)
+        self.status.setAccessibleName("Last turn statistics")
+        self.statusBar().addWidget(self.status, 1)
+
+        self._build_menus()
+        self._connect()
+        self.apply_theme(self._theme)
+        session.engine.add_state_listener(self._engine_state)
+        self._engine_state(session.engine.state, "")
+
+    # -- layout --
+
+    def _build_header(self) -> QWidget:
+        header = QWidget(self)
+        header.setObjectName("header")
+        row = QHBoxLayout(header)
+        row.setContentsMargins(16, 10, 16, 10)
+        self.model_label = QLabel("", header)
+        self.model_label.setObjectName("model-name")
+        self.model_label.setAccessibleName("Current model")
+        self.state_label = QLabel("", header)
+        self.state_label.setObjectName("engine-state")
+        self.state_label.setAccessibleName("Engine state")
+        self.title_label = QLabel("", header)
+        self.title_label.setAccessibleName("Conversation title")
+        self.warm_label = QLabel("", header)
+        self.warm_label.setObjectName("warm-indicator")
+        self.warm_label.setAccessibleName("Conversation cache state")
+        self.warm_label.setToolTip(
+            "The conversation's KV cache is loaded: the next turn starts at once"
+        )
+        row.addWidget(self.model_label)
+        row.addWidget(self.state_label)
+        row.addWidget(self.warm_label)
+        row.addStretch(1)
+        row.addWidget(self.title_label)
+        return header
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+
+        def action(menu, text: str, slot: Callable, shortcut=None, name: str = "") -> QAction:
+            act = QAction(text, self)
+            if shortcut is not None:
+                act.setShortcut(shortcut)
+            act.triggered.connect(slot)
+            act.setObjectName(name or text)
+            menu.addAction(act)
+            self.addAction(act)  # shortcuts work even with the menu bar hidden
+            return act
+
+        file = bar.addMenu("&File")
+        action(file, "New Chat", self.new_conversation, QKeySequence.StandardKey.New)
+        action(file, "Import Conversation…", self._import_dialog)
+        action(file, "Export as Markdown…", lambda: self._export_dialog("md"))
+        action(file, "Export as JSON…", lambda: self._export_dialog("json"))
+        file.addSeparator()
+        action(file, "Quit", self.close, QKeySequence.StandardKey.Quit)
+        edit = bar.addMenu("&Edit")
+        action(edit, "Find Conversations", self.sidebar.focus_search, QKeySequence.StandardKey.Find)
+        chat = bar.addMenu("&Chat")
+        action(chat, "Stop", self.stop, QKeySequence(Qt.Key.Key_Escape))
+        action(chat, "Regenerate Last Reply", self._regenerate_last, QKeySequence("Ctrl+R"))
+        view = bar.addMenu("&View")
+        action(
+            view,
+            "Conversation Settings",
+            self.toggle_settings,
+            QKeySequence.StandardKey.Preferences,
+        )
+        self.addAction(self._shortcut_action(QKeySequence("Ctrl+,"), self.toggle_settings))
+        themes = view.addMenu("Theme")
+        for name in theme.THEMES:
+            action(themes, name.title(), lambda _=False, n=name: self.apply_theme(n))
+
+    def _shortcut_action(self, keys: QKeySequence, slot: Callable) -> QAction:
+        act = QAction(self)
+        act.setShortcut(keys)
+        act.triggered.connect(slot)
+        return act
+
+    def _connect(self) -> None:
+        self.sidebar.conversation_selected.connect(self.open_conversation)
+        self.sidebar.new_requested.connect(self.new_conversation)
+        self.sidebar.conversation_deleted.connect(self._deleted)
+        self.composer.send_requested.connect(lambda text: self._spawn(self.send_message(text)))
+        self.composer.stop_requested.connect(self.stop)
+        self.composer.draft_changed.connect(self._draft_changed)
+        self.composer.draft_settled.connect(self._save_draft)
+        self.chat.edit_requested.connect(
+            lambda mid, text: self._spawn(self._turn(self.session.edit, mid, text))
+        )
+        self.chat.regenerate_requested.connect(
+            lambda mid: self._spawn(self._turn(self.session.regenerate, mid))
+        )
+        self.chat.continue_requested.connect(
+            lambda mid: self._spawn(self._turn(self.session.continue_reply, mid))
+        )
+        self.chat.branch_requested.connect(self.switch_branch)
+        self.chat.copied.connect(lambda _text: self.statusBar().showMessage("Copied", 1500))
+        self.conversation_settings.changed.connect(lambda _cid: self._refresh_title())
+        QGuiApplication.styleHints().colorSchemeChanged.connect(
+            lambda _scheme: self.apply_theme(self._theme)
+        )
+
+    # -- conversations --
+
+    def open_conversation(self, conversation_id: str) -> None:
+        if conversation_id == self.conversation_id:
+            return
+        if self.conversation_id is not None:
+            self._save_draft(self.composer.text())
+            self.prewarm.switch_away(self.conversation_id)
+        self.conversation_id = conversation_id
+        self.settings.setValue("conversation", conversation_id)
+        self.sidebar.select(conversation_id)
+        self.conversation_settings.load(conversation_id)
+        self.composer.set_draft(self.store.get_draft(conversation_id))
+        self.reload()
+        self._warm_when_done(self.prewarm.open(conversation_id), conversation_id)
+        self.composer.focus()
+
+    def new_conversation(self) -> None:
+        conversation = self.store.create_conversation()
+        self.sidebar.refresh()
+        self.open_conversation(conversation.id)
+
+    def _deleted(self, conversation_id: str) -> None:
+        if conversation_id != self.conversation_id:
+            return
+        self.conversation_id = None
+        remaining = self.store.list_conversations(limit=1)
+        if remaining:
+            self.open_conversation(remaining[0].id)
+        else:
+            self.new_conversation()
+
+    def reload(self) -> None:
+        """Show the current branch of the open conversation."""
+        if self.conversation_id is None:
+            self.chat.set_messages([])
+            return
+        path = self.store.current_path(self.conversation_id)
+        self.chat.set_messages([self._view(m) for m in path])
+        replies = [m for m in path if m.role == "assistant" and m.stats]
+        self.status.setText(stats_line(replies[-1].stats) if replies else "")
+        self._refresh_title()
+
+    def _view(self, message: Message) -> MessageView:
+        siblings, _ = self.store.siblings(message.id)
+        return MessageView(
+            id=message.id,
+            role=message.role,
+            content=message.content,
+            status=message.status,
+            finish_reason=message.finish_reason,
+            stats=message.stats,
+            sibling_ids=tuple(s.id for s in siblings),
+        )
+
+    def _refresh_title(self) -> None:
+        if self.conversation_id is None:
+            return
+        conversation = self.store.get_conversation(self.conversation_id)
+        self.title_label.setText(conversation.title or "New conversation")
+
+    def switch_branch(self, message_id: str) -> None:
+        """Show the branch through `message_id` (at its latest leaf) and warm it."""
+        if self.conversation_id is None or self._busy():
+            return
+        leaf = self.store.leaf_of(message_id)
+        self.store.set_current_leaf(self.conversation_id, leaf.id)
+        self.reload()
+        self._warm_when_done(self.prewarm.open(self.conversation_id), self.conversation_id)
+
+    def _warm_when_done(self, task: asyncio.Task, conversation_id: str) -> None:
+        """Say "warm" in the header once the open conversation's KV is ready."""
+        self.warm_label.setText("")
+
+        def done(finished: asyncio.Task) -> None:
+            stats = self.prewarm.last.get(conversation_id)
+            if (
+                not finished.cancelled()
+                and conversation_id == self.conversation_id
+                and stats is not None
+                and stats.finish_reason == FinishReason.PREFILLED
+            ):
+                restored = f", {stats.restored_tokens:,} restored" if stats.restored_tokens else ""
+                self.warm_label.setText(f"warm · {stats.prompt_tokens:,} tokens{restored}")
+
+        task.add_done_callback(done)
+
+    # -- drafts --
+
+    def _draft_changed(self, text: str) -> None:
+        if self.conversation_id is None:
+            return
+        task = self.prewarm.draft_changed(self.conversation_id, text)
+        task.add_done_callback(lambda done, draft=text: self._draft_warmed(done, draft))
+
+    def _draft_warmed(self, task: asyncio.Task, draft: str) -> None:
+        stats = self.prewarm.last.get(self.conversation_id or "")
+        warm = (
+            not task.cancelled()
+            and stats is not None
+            and stats.finish_reason == FinishReason.PREFILLED
+            and self.composer.text() == draft
+        )
+        self.composer.set_warm(warm)
+
+    def _save_draft(self, text: str) -> None:
+        if self.conversation_id is not None:
+            self._guard(lambda: self.store.set_draft(self.conversation_id, text))
+
+    # -- turns --
+
+    def _busy(self) -> bool:
+        return self.turn is not None and not self.turn.done()
+
+    def _spawn(self, work: Awaitable[Any]) -> asyncio.Task | None:
+        if self._busy():
+            work.close()
+            return None
+        self.turn = asyncio.ensure_future(work)
+        return self.turn
+
+    async def send_message(self, text: str, *, drop_oldest: bool = False) -> TurnResult | None:
+        if self.conversation_id is None:
+            self.new_conversation()
+        conversation_id = self.conversation_id
+        self.composer.set_draft("")
+        self._save_draft("")
+        return await self._turn(
+            lambda **kw: self.session.send(conversation_id, text, **kw), drop_oldest=drop_oldest
+        )
+
+    async def _turn(
+        self, start: Callable[..., Awaitable[TurnResult]], *args: Any, drop_oldest: bool = False
+    ) -> TurnResult | None:
+        """Run one turn with the window following it; errors end in the banner."""
+        conversation_id = self.conversation_id
+        if conversation_id is None:
+            return None
+        self.prewarm.cancel(conversation_id)
+        self.banner.hide()
+        self.composer.set_generating(True)
+        kwargs: dict[str, Any] = {"on_token": self._token, "on_start": self._started}
+        if drop_oldest:
+            kwargs["drop_oldest"] = True
+        result = None
+        try:
+            result = await start(*args, **kwargs)
+            self.status.setText(stats_line(result.stats.as_dict() if result.stats else None))
+            if result.dropped_turns:
+                self.banner.show_message(
+                    f"Left out the {result.dropped_turns} oldest messages to fit the context.",
+                    kind="info",
+                )
+        except ContextOverflowError as exc:
+            self.banner.show_message(
+                str(exc),
+                [
+                    ("Drop oldest turns", lambda: self._spawn(self._retry_dropping())),
+                    ("New conversation", self.new_conversation),
+                ],
+            )
+        except EngineCrashedError as exc:
+            self.banner.show_message(
+                f"{exc} Your reply was kept and marked interrupted; you can continue it."
+            )
+        except (EngineError, StoreError) as exc:
+            self.banner.show_message(str(exc))
+        except OSError as exc:
+            self.banner.show_message(f"Stoke could not write to disk: {exc.strerror}.")
+        finally:
+            self._streaming_id = None
+            self.composer.set_generating(False)
+            if self.conversation_id == conversation_id:
+                self.reload()
+            self.sidebar.refresh()
+            self.prewarm.after_reply(conversation_id)
+        return result
+
+    async def _retry_dropping(self) -> TurnResult | None:
+        """Answer the message that did not fit, leaving out the oldest turns."""
+        leaf = self.store.current_path(self.conversation_id)[-1]
+        return await self._turn(
+            lambda **kw: self.session.send(self.conversation_id, leaf.content, **kw),
+            drop_oldest=True,
+        )
+
+    def _started(self, user: Message, reply: Message) -> None:
+        if user.conversation_id != self.conversation_id:
+            return
+        path = self.store.path_to(user.id)
+        self.chat.set_messages([self._view(m) for m in path])
+        self._streaming_id = reply.id
+        self.chat.begin_reply(self._view(reply))
+
+    def _token(self, event: TokenEvent) -> None:
+        if self._streaming_id is not None:
+            self.chat.append_reply(self._streaming_id, event.text)
+
+    def stop(self) -> None:
+        self.session.cancel()
+
+    def _regenerate_last(self) -> None:
+        if self.conversation_id is None:
+            return
+        replies = [m for m in self.store.current_path(self.conversation_id) if m.role != "user"]
+        if replies:
+            self._spawn(self._turn(self.session.regenerate, replies[-1].id))
+
+    # -- engine, theme, settings --
+
+    def _engine_state(self, state: EngineState, detail: str) -> None:
+        text, color = STATE_LABELS.get(state, (str(state), "#8a8f98"))
+        self.state_label.setText(text)
+        self.state_label.setStyleSheet(f"background: {color}; color: white;")
+        info = self.session.engine.info
+        self.model_label.setText(
+            info.name if info else Path(self.session.engine.options.model_path).stem
+        )
+        if state == EngineState.FAILED and detail:
+            self.banner.show_message(
+                f"{detail}\nChoose another model in Settings, or start Stoke with --model PATH."
+            )
+        elif state == EngineState.CRASHED and detail:
+            self.banner.show_message(detail)
+
+    def apply_theme(self, name: str) -> None:
+        self._theme = name
+        self.settings.setValue("theme", name)
+        dark = theme.apply(QApplication.instance(), name)
+        self.chat.set_dark(dark)
+        self.banner.set_dark(dark)
+
+    def toggle_settings(self) -> None:
+        self.settings_dock.setVisible(not self.settings_dock.isVisible())
+
+    # -- import / export --
+
+    def _export_dialog(self, kind: str) -> None:
+        if self.conversation_id is None:
+            return
+        suffix = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", "", suffix)
+        if path:
+            self.export_to(Path(path), kind)
+
+    def export_to(self, path: Path, kind: str) -> None:
+        def write() -> None:
+            if kind == "md":
+                text = export_markdown(self.store, self.conversation_id)
+            else:
+                text = json.dumps(export_json(self.store, self.conversation_id), indent=2)
+            path.write_text(text, "utf-8")
+
+        if self._guard(write):
+            self.statusBar().showMessage(f"Exported to {path}", 3000)
+
+    def _import_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import conversation", "", "JSON (*.json)")
+        if path:
+            self.import_from(Path(path))
+
+    def import_from(self, path: Path) -> None:
+        def read() -> None:
+            try:
+                data = json.loads(path.read_text("utf-8"))
+            except ValueError as exc:
+                raise StoreError(f"{path.name} is not a JSON file: {exc}.") from exc
+            conversation = import_json(self.store, data)
+            self.sidebar.refresh()
+            self.open_conversation(conversation.id)
+
+        self._guard(read)
+
+    def _guard(self, work: Callable[[], object]) -> bool:
+        """Run a storage action; a failure becomes a sentence in the banner."""
+        try:
+            work()
+        except StoreError as exc:
+            self.banner.show_message(str(exc))
+            return False
+        except OSError as exc:
+            self.banner.show_message(f"Stoke could not use the disk: {exc.strerror}.")
+            return False
+        return True
+
+    # -- window state --
+
+    def restore_state(self) -> None:
+        geometry = self.settings.value("geometry")
+        if isinstance(geometry, QByteArray):
+            self.restoreGeometry(geometry)
+        splitter = self.settings.value("splitter")
+        if isinstance(splitter, QByteArray):
+            self.splitter.restoreState(splitter)
+        self.settings_dock.setVisible(self.settings.value("settings_open", "false") == "true")
+        self.sidebar.refresh()
+        last = str(self.settings.value("conversation", "") or "")
+        try:
+            conversation = self.store.get_conversation(last) if last else None
+        except StoreError:
+            conversation = None
+        conversation = conversation or self.store.most_recent()
+        if conversation is None:
+            self.new_conversation()
+        else:
+            self.open_conversation(conversation.id)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self._save_draft(self.composer.text())
+        self.settings.setValue("geometry", self.saveGeometry())
+        self.settings.setValue("splitter", self.splitter.saveState())
+        self.settings.setValue(
+            "settings_open", "true" if self.settings_dock.isVisible() else "false"
+        )
+        self.settings.sync()
+        super().closeEvent(event)

@@ -1,0 +1,107 @@
+"""`stoke bench ui`: the longest stall of the window's event loop while a reply streams.
+
+The real window (offscreen) and the real engine stream a long reply; a 1 ms Qt timer records
+the gap between its ticks. A gap is time the UI thread could not answer the user. The target
+is a longest stall under 50 ms during a 500-token reply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TARGET_MS = 50.0
+PROMPT = "Write a long story about a lighthouse keeper, with many details, in ten chapters."
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("ui", help="longest UI stall while a reply streams")
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--tokens", type=int, default=500, help="reply length in tokens")
+    parser.add_argument("--reps", type=int, default=3, help="replies (median of their maxima)")
+    parser.set_defaults(run=main)
+
+
+async def measure(tokens: int, reps: int) -> dict[str, Any]:
+    from PySide6.QtCore import QTimer
+
+    from app.engine.protocol import LoadOptions
+    from app.models.default import default_model_path
+    from app.ui.app import _open, _shutdown
+
+    window, session = await _open(LoadOptions(str(default_model_path())), None, "light")
+    await session.engine.ready()
+    window.resize(1180, 780)
+    gaps: list[float] = []
+    last = [time.perf_counter()]
+
+    def tick() -> None:
+        now = time.perf_counter()
+        gaps.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(1)
+    timer.timeout.connect(tick)
+    maxima, generated, replies = [], [], []
+    try:
+        for rep in range(reps):
+            conversation = session.store.create_conversation(
+                sampling={"temperature": 0.8, "seed": rep, "max_tokens": tokens}
+            )
+            window.sidebar.refresh()
+            window.open_conversation(conversation.id)
+            await window.prewarm.idle()
+            gaps.clear()
+            last[0] = time.perf_counter()
+            timer.start()
+            result = await window.send_message(PROMPT)
+            timer.stop()
+            maxima.append(max(gaps) * 1000)
+            replies.append(sorted(gaps)[int(len(gaps) * 0.99)] * 1000)
+            generated.append(result.stats.generated_tokens if result and result.stats else 0)
+    finally:
+        window.close()
+        await _shutdown(window, session)
+    longest = statistics.median(maxima)
+    return {
+        "benchmark": "ui_stall",
+        "tokens_requested": tokens,
+        "tokens_generated": generated,
+        "longest_stall_ms": round(longest, 1),
+        "longest_stall_ms_each": [round(m, 1) for m in maxima],
+        "p99_gap_ms": round(statistics.median(replies), 1),
+        "target_ms": TARGET_MS,
+        "pass": longest < TARGET_MS,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    with tempfile.TemporaryDirectory(prefix="stoke-bench-ui-") as home:
+        os.environ["STOKE_HOME"] = home
+        app = QApplication.instance() or QApplication([])
+        loop = qasync.QEventLoop(app)
+        asyncio.set_event_loop(loop)
+        with loop:
+            report = loop.run_until_complete(measure(args.tokens, args.reps))
+    print(
+        f"ui stall while streaming {args.tokens}-token replies (median of {args.reps}): "
+        f"longest {report['longest_stall_ms']} ms (each {report['longest_stall_ms_each']}), "
+        f"p99 gap {report['p99_gap_ms']} ms, target < {TARGET_MS:.0f} ms: "
+        f"{'PASS' if report['pass'] else 'FAIL'}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
+    print(json.dumps(report))
+    return 0 if report["pass"] else 1

@@ -1,0 +1,217 @@
+"""The main window, offscreen, on the real engine and model: what a person does every day."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import qasync
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication, QPushButton, QTextBrowser, QWidget
+
+from app.engine.protocol import LoadOptions
+from app.models.default import default_model_path
+from app.ui.app import _open, _shutdown
+from app.ui.main_window import MainWindow
+
+TIMEOUT_S = 120
+
+
+class Harness:
+    """Runs the app's own start-up on a qasync loop and drives it like a user."""
+
+    def __init__(self, app: QApplication) -> None:
+        self.loop = qasync.QEventLoop(app, already_running=False)
+        asyncio.set_event_loop(self.loop)
+        self.window: MainWindow | None = None
+        self.session = None
+
+    def run(self, work: Coroutine[Any, Any, Any]) -> Any:
+        return self.loop.run_until_complete(asyncio.wait_for(work, TIMEOUT_S))
+
+    def start(self, **options: Any) -> MainWindow:
+        load = LoadOptions(str(default_model_path()), n_ctx=4096, **options)
+        self.window, self.session = self.run(_open(load, None, "light"))
+        self.run(self.session.engine.ready())
+        self.run(self.window.prewarm.idle())
+        return self.window
+
+    def stop(self) -> None:
+        if self.window is not None:
+            self.window.close()
+            self.run(_shutdown(self.window, self.session))
+            self.window.deleteLater()
+            self.window = None
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float = TIMEOUT_S) -> None:
+        async def poll() -> None:
+            while not condition():
+                await asyncio.sleep(0.02)
+
+        self.loop.run_until_complete(asyncio.wait_for(poll(), timeout))
+
+    def turn(self) -> None:
+        """Wait for the running turn to end."""
+        task = self.window.turn
+        if task is not None:
+            self.run(asyncio.shield(task))
+
+    def act(self, action: Callable[[], object]) -> None:
+        """Do something in the window while the loop runs, as it always does in the app."""
+
+        async def go() -> None:
+            action()
+            await asyncio.sleep(0)
+
+        self.run(go())
+
+    def type_and_send(self, text: str) -> None:
+        editor = self.window.composer.editor
+
+        def typing() -> None:
+            editor.setFocus()
+            QTest.keyClicks(editor, text)
+            QTest.keyClick(editor, Qt.Key.Key_Return)
+
+        self.act(typing)
+
+
+@pytest.fixture
+def harness(qapp: QApplication, stoke_home: Path) -> Iterator[Harness]:
+    h = Harness(qapp)
+    try:
+        yield h
+    finally:
+        h.stop()
+        h.loop.close()
+
+
+def bubbles(window: MainWindow) -> list[tuple[str, str]]:
+    """(message id, visible text) of the messages on screen, top to bottom."""
+    shown = []
+    for widget in window.chat.findChildren(QWidget, "message"):
+        if widget.isVisible():
+            text = " ".join(b.toPlainText() for b in widget.findChildren(QTextBrowser))
+            shown.append((widget.property("messageId"), text, widget.y()))
+    return [(mid, text) for mid, text, _ in sorted(shown, key=lambda item: item[2])]
+
+
+def button(window: MainWindow, message_id: str, name: str) -> QPushButton:
+    for widget in window.chat.findChildren(QWidget, "message"):
+        if widget.property("messageId") == message_id:
+            found = widget.findChild(QWidget, name)
+            if found is not None:
+                return found
+    raise LookupError(f"{name} of {message_id}")
+
+
+def test_send_streams_reply_then_stop_and_continue(harness: Harness):
+    window = harness.start()
+    conversation = window.conversation_id
+    window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": 200})
+    harness.type_and_send("What is the capital of France?")
+    harness.turn()
+    path = window.store.current_path(conversation)
+    assert [m.role for m in path] == ["user", "assistant"] and path[1].status == "complete"
+    shown = bubbles(window)
+    assert shown[0][1] == "What is the capital of France?"
+    assert path[1].content.strip()[:20] in shown[1][1]
+    assert "reused" in window.status.text() and "prompt tokens" in window.status.text()
+    assert window.composer.text() == ""
+
+    streamed: list[str] = []
+    window.chat.append_reply = lambda mid, piece, orig=window.chat.append_reply: (
+        streamed.append(piece),
+        orig(mid, piece),
+    )
+    harness.type_and_send("Count from 1 to 100, separated by commas.")
+    harness.wait_until(lambda: len(streamed) >= 5)  # the reply streams in
+    assert window.composer.stop_button.isVisible()
+    harness.act(lambda: QTest.keyClick(window, Qt.Key.Key_Escape))  # Esc stops
+    harness.turn()
+    reply = window.store.current_path(conversation)[-1]
+    assert reply.status == "interrupted" and reply.content
+    continue_button = button(window, reply.id, "continueButton")
+    assert continue_button.isVisible()
+    harness.act(continue_button.click)
+    harness.turn()
+    continued = window.store.get_message(reply.id)
+    assert continued.content.startswith(reply.content) and len(continued.content) > len(
+        reply.content
+    )
+
+
+def test_edit_makes_a_branch_and_the_navigator_switches(harness: Harness):
+    window = harness.start()
+    conversation = window.conversation_id
+    window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": 16})
+    harness.type_and_send("Name a color.")
+    harness.turn()
+    first_user = window.store.current_path(conversation)[0]
+    harness.act(lambda: window.chat.edit_requested.emit(first_user.id, "Name an animal."))
+    harness.turn()
+    path = window.store.current_path(conversation)
+    assert path[0].content == "Name an animal."
+    siblings, index = window.store.siblings(path[0].id)
+    assert len(siblings) == 2 and index == 1
+    navigator = button(window, path[0].id, "branchPrevious")
+    assert "2/2" in " ".join(
+        w.text() for w in navigator.parent().findChildren(QWidget) if hasattr(w, "text")
+    )
+    harness.act(navigator.click)  # back to the first branch
+    harness.wait_until(lambda: window.store.current_path(conversation)[0].id == first_user.id)
+    assert bubbles(window)[0][1] == "Name a color."
+
+    reply = window.store.current_path(conversation)[1]
+    harness.act(button(window, reply.id, "regenerateButton").click)
+    harness.turn()
+    replies, _ = window.store.siblings(window.store.current_path(conversation)[1].id)
+    assert replies[0].id == reply.id and len(replies) == 2
+
+
+def test_search_delete_undo_and_restart_restores(harness: Harness, qapp: QApplication):
+    window = harness.start()
+    first = window.conversation_id
+    title_words = {"Tell", "about", "zebra"}
+    window.store.set_sampling(first, {"temperature": 0, "max_tokens": 24})
+    harness.type_and_send("Tell me about the zebra.")
+    harness.turn()
+    reply = window.store.current_path(first)[1].content
+    word = next(w for w in reply.split() if len(w) > 5 and w.isalpha() and w not in title_words)
+
+    harness.act(window.new_conversation)
+    second = window.conversation_id
+    assert second != first
+    harness.act(lambda: QTest.keyClicks(window.composer.editor, "A draft I have not sent"))
+    harness.act(lambda: window.composer.draft_settled.emit(window.composer.text()))
+
+    title = window.store.get_conversation(first).title
+    sidebar = window.sidebar
+    harness.act(lambda: sidebar.search.setText(word))  # a word from the old reply
+    harness.wait_until(
+        lambda: [sidebar.list.item(i).text() for i in range(sidebar.list.count())] == [title],
+        timeout=10,
+    )
+    harness.act(lambda: QTest.keyClick(sidebar.search, Qt.Key.Key_Return))  # open the hit
+    harness.wait_until(lambda: window.conversation_id == first)
+    harness.act(window.sidebar.search.clear)
+
+    harness.act(lambda: window.open_conversation(first))
+    harness.act(window.sidebar._delete)
+    harness.wait_until(lambda: window.conversation_id != first)
+    assert first not in [c.id for c in window.store.list_conversations()]
+    assert window.sidebar.undo_bar.isVisible()
+    harness.act(window.sidebar.undo_button.click)
+    assert first in [c.id for c in window.store.list_conversations()]
+
+    harness.act(lambda: window.open_conversation(second))
+    harness.stop()  # quit the app
+    window = harness.start()  # and start it again
+    assert window.conversation_id == second
+    assert window.composer.text() == "A draft I have not sent"
+    listed = [c.id for c in window.store.list_conversations()]
+    assert first in listed and second in listed
