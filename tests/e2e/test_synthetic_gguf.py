@@ -119,3 +119,26 @@ def test_scaled_model_is_reproducible(tmp_path: Path) -> None:
     b = write_deepseek4(tmp_path / "b.gguf", mode="scaled", seed=3)
     c = write_deepseek4(tmp_path / "c.gguf", mode="scaled", seed=4)
     assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+
+
+def test_scaled_model_serves_two_slots_branches_and_snapshots(tmp_path: Path) -> None:
+    """deepseek4's hybrid memory copies only whole sequences and cannot cut one mid-way:
+    a second slot, a branch and a snapshot round trip must all work anyway."""
+    path = write_deepseek4(tmp_path / "scaled.gguf", mode="scaled", seed=2)
+    engine = LlamaCppEngine()
+    loaded = engine.load(LoadOptions(str(path), n_ctx=1024))
+    try:
+        prompt = [loaded.bos_id, *engine.tokenize("a hybrid memory test. " * 10)]
+
+        def reply(slot: str, tokens: list[int]) -> tuple[list[int], object]:
+            *events, stats = engine.generate(tokens, SamplingParams.greedy(), 8, slot=slot)
+            return [e.token_id for e in events], stats
+
+        first, _ = reply("a", prompt)
+        second, stats = reply("b", prompt)  # a partial copy from "a" used to abort here
+        assert second == first and stats.prefilled_tokens == len(prompt)
+        branch, stats = reply("a", prompt[:-5])  # shorter: the memory cannot be cut, re-prefill
+        assert stats.finish_reason is FinishReason.LENGTH and len(branch) == 8
+        assert engine.snapshot("b", wait=True) > 0
+    finally:
+        engine.unload()

@@ -165,6 +165,7 @@ class LlamaCppEngine:
         self._logits_ready: tuple[int, int] | None = None  # (seq_id, n_tokens) of last logits
         self._eog: frozenset[int] = frozenset()
         self._kv: KVStore | None = None
+        self._partial_copies = True
 
     # -- loading --------------------------------------------------------------------------
 
@@ -200,6 +201,11 @@ class LlamaCppEngine:
             )
         self._model, self._ctx, self._options = model, ctx, options
         self._vocab = Vocab(model)
+        # Hybrid and recurrent memories (deepseek4's compressor state) copy only whole
+        # sequences; a partial seq_cp aborts the process.
+        self._partial_copies = not (
+            llama_cpp.llama_model_is_hybrid(model) or llama_cpp.llama_model_is_recurrent(model)
+        )
         self._batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
         self._free_seq_ids = list(range(options.n_seq_max))
         n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab.ptr)
@@ -362,6 +368,8 @@ class LlamaCppEngine:
     def _share_live_prefix(self, seq: _Sequence, tokens: Sequence[int], own: int) -> int:
         """Copy the longest prefix another resident sequence holds (cells are shared, so
         this is nearly free); returns the prefix length now in `seq`."""
+        if not self._partial_copies:
+            return own
         best, donor = own, None
         for other in self._slots.values():
             common = _common_prefix(other.tokens, tokens)
