@@ -100,7 +100,6 @@ class ChatSession:
         self.engine = engine
         self._transcripts: dict[str, _Cached] = {}  # by conversation id
         self._active: Generation | None = None
-        self._chat_template: tuple[ModelInfo, ChatTemplate] | None = None
 
     @property
     def info(self) -> ModelInfo:
@@ -302,7 +301,7 @@ class ChatSession:
         if (
             cached is not None
             and cached.transcript.fingerprint == info.fingerprint
-            and cached.transcript.template.source == self._template().source
+            and cached.transcript.template.key == self.template(conversation).key
             and cached.system_prompt == conversation.system_prompt
         ):
             shared = 0
@@ -318,14 +317,17 @@ class ChatSession:
         self._transcripts[conversation.id] = _Cached(ids, conversation.system_prompt, transcript)
         return transcript
 
-    def _template(self) -> ChatTemplate:
+    def template(self, conversation: Conversation | None = None) -> ChatTemplate:
+        """The model's chat template, with the conversation's reasoning switch when the
+        template reads one (`enable_thinking`)."""
         info = self.info
-        if self._chat_template is None or self._chat_template[0] is not info:
-            template = ChatTemplate(
-                info.chat_template, bos_token=info.bos_token, eos_token=info.eos_token
-            )
-            self._chat_template = (info, template)
-        return self._chat_template[1]
+        template = ChatTemplate(
+            info.chat_template, bos_token=info.bos_token, eos_token=info.eos_token
+        )
+        reasoning = (conversation.sampling if conversation else {}).get("reasoning")
+        if reasoning is not None and template.supports_reasoning_switch:
+            template.variables["enable_thinking"] = bool(reasoning)
+        return template
 
     def history_tokens(self, conversation_id: str) -> list[int]:
         """The tokens the next turn's prompt starts with: what opening it can prefill."""
@@ -356,7 +358,7 @@ class ChatSession:
         ]
         return Transcript.from_turns(
             turns,
-            template=self._template(),
+            template=self.template(conversation),
             tokenizer=self.engine.local_tokenizer(),
             fingerprint=info.fingerprint,
             bos_id=info.bos_id,

@@ -33,10 +33,27 @@ def _strftime_now(fmt: str) -> str:
 class ChatTemplate:
     """A compiled chat template plus the special-token strings it refers to."""
 
-    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(
+        self,
+        source: str | None,
+        *,
+        bos_token: str = "",
+        eos_token: str = "",
+        variables: Mapping[str, object] | None = None,
+    ) -> None:
         self.source = source or CHATML
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.variables = dict(variables or {})  # e.g. enable_thinking, for templates that read it
+
+    @property
+    def key(self) -> tuple[str, tuple[tuple[str, object], ...]]:
+        """Two templates with equal keys render every conversation the same."""
+        return self.source, tuple(sorted(self.variables.items()))
+
+    @property
+    def supports_reasoning_switch(self) -> bool:
+        return "enable_thinking" in self.source
 
     @cached_property
     def _template(self) -> jinja2.Template:
@@ -51,6 +68,7 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> str:
         try:
             return self._template.render(
+                **self.variables,
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,

@@ -430,6 +430,9 @@ class MainWindow(QMainWindow):
         self.state_label.setText(text)
         self.state_label.setStyleSheet(f"background: {color}; color: white;")
         info = self.session.engine.info
+        if state == EngineState.READY and info is not None:
+            supported = self.session.template().supports_reasoning_switch
+            self.conversation_settings.set_reasoning_supported(supported)
         self.model_label.setText(
             info.name if info else Path(self.session.engine.options.model_path).stem
         )
