@@ -91,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="stoke-bench-ui-") as home:
         os.environ["STOKE_HOME"] = home
         app = QApplication.instance() or QApplication([])
+        app.setQuitOnLastWindowClosed(False)
         loop = qasync.QEventLoop(app)
         asyncio.set_event_loop(loop)
         with loop:

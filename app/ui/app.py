@@ -102,6 +102,7 @@ def screenshot(
 
     async def main() -> None:
         window, session = await _open(options, conversation, theme)
+        window.resize(1180, 760)
         await window.prewarm.idle()
         done = asyncio.Event()
         QTimer.singleShot(300, done.set)  # let layouts and the markdown settle

@@ -112,6 +112,7 @@ class MainWindow(QMainWindow):
         self.settings_dock.hide()
         self.status = QLabel("", self)
         self.status.setAccessibleName("Last turn statistics")
+        self.status.setContentsMargins(12, 0, 0, 0)
         self.statusBar().addWidget(self.status, 1)
 
         self._build_menus()
