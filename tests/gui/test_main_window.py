@@ -34,7 +34,7 @@ class Harness:
         return self.loop.run_until_complete(asyncio.wait_for(work, TIMEOUT_S))
 
     def start(self, **options: Any) -> MainWindow:
-        load = LoadOptions(str(default_model_path()), n_ctx=4096, **options)
+        load = LoadOptions(str(default_model_path()), **{"n_ctx": 4096, **options})
         self.window, self.session = self.run(_open(load, None, "light"))
         self.run(self.session.engine.ready())
         self.run(self.window.prewarm.idle())
@@ -215,3 +215,38 @@ def test_search_delete_undo_and_restart_restores(harness: Harness, qapp: QApplic
     assert window.composer.text() == "A draft I have not sent"
     listed = [c.id for c in window.store.list_conversations()]
     assert first in listed and second in listed
+
+
+def test_errors_show_in_the_banner_with_their_fix(harness: Harness, tmp_path: Path):
+    window = harness.start(n_ctx=256)
+    conversation = window.conversation_id
+    window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": 8})
+    harness.type_and_send("Describe the sea at dawn. " * 60)  # over the 256-token context
+    harness.turn()
+    assert window.banner.isVisible()
+    assert "Drop the oldest turns or start a new conversation" in window.banner.text.text()
+    assert window.banner.action_labels() == ["Drop oldest turns", "New conversation"]
+    harness.act(lambda: window.banner.trigger("New conversation"))
+    assert window.conversation_id != conversation
+    kept = window.store.current_path(conversation)
+    assert [m.role for m in kept] == ["user"]  # the typed message was not lost
+
+    exported = tmp_path / "chat.json"
+    harness.act(lambda: window.open_conversation(conversation))
+    harness.act(lambda: window.export_to(exported, "json"))
+    harness.act(lambda: window.import_from(exported))
+    assert window.conversation_id != conversation
+    assert window.store.current_path(window.conversation_id)[0].content == kept[0].content
+    (tmp_path / "bad.json").write_text("{not json", "utf-8")
+    harness.act(lambda: window.import_from(tmp_path / "bad.json"))
+    assert "bad.json is not a JSON file" in window.banner.text.text()
+
+
+def test_a_model_that_fails_to_load_is_explained(harness: Harness, tmp_path: Path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
+    harness.window, harness.session = harness.run(_open(LoadOptions(str(broken)), None, "light"))
+    window = harness.window
+    assert window.banner.isVisible()
+    assert "Could not load the model broken.gguf" in window.banner.text.text()
+    assert window.state_label.text() == "Model failed to load"
