@@ -34,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(run=_doctor)
     bench = subparsers.add_parser("bench", help="benchmarks (see bench/)")
     benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    from app.hardware import plan_cli
     from bench import kv, ui_stall
+
+    plan_cli.add_parser(subparsers)
 
     kv.add_parser(benchmarks)
     ui_stall.add_parser(benchmarks)

@@ -59,6 +59,14 @@ class LoadOptions:
     n_seq_max: int = 4  # conversations resident at once, sharing the n_ctx cells
     flash_attn: bool = False
     chat_template: str | None = None  # overrides the model's own template
+    # A placement plan (app/hardware/planner.py): llama.cpp -ot rules (regex, buffer type),
+    # first match wins; layers per GPU; KV element type; the full-size raw KV window (None:
+    # off for hybrid models such as deepseek4, whose window cannot be trimmed anyway).
+    overrides: tuple[tuple[str, str], ...] = ()
+    tensor_split: tuple[float, ...] = ()
+    kv_type: str = "f16"
+    swa_full: bool | None = None
+    kv_offload: bool = True
     snapshots: bool = True  # keep KV snapshots in RAM and on disk (kvstore)
     kv_ram_budget: int = 2 << 30
     kv_disk_budget: int = 20 << 30

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import llama_cpp
+from gguf import GGMLQuantizationType
 
 from app.engine.kvstore import KVStore
+from app.engine.llamacpp.overrides import apply_overrides
 from app.engine.model_file import check_gguf, fingerprint
 from app.engine.protocol import (
     CancelToken,
@@ -35,6 +37,10 @@ from app.engine.protocol import (
 )
 
 _LOG_LINES = 200
+KV_TYPES = {  # the KV cache element types llama.cpp accepts (the planner offers the same)
+    name: int(GGMLQuantizationType[name.upper()])
+    for name in ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+}
 RESTORE_MIN_GAIN = 32  # tokens a snapshot or another sequence must add to be worth copying
 
 
@@ -174,7 +180,13 @@ class LlamaCppEngine:
         path = check_gguf(options.model_path)
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = options.n_gpu_layers
+        if options.overrides:
+            mparams.use_extra_bufts = False  # host experts in a plain buffer, as planned
+        keepalive = apply_overrides(
+            mparams, options.overrides, tensor_split=options.tensor_split or None
+        )
         model = _load_model(path, mparams)
+        del keepalive  # llama.cpp has read the override patterns
         n_ctx_train = llama_cpp.llama_model_n_ctx_train(model)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = min(options.n_ctx, n_ctx_train) if n_ctx_train > 0 else options.n_ctx
@@ -182,6 +194,15 @@ class LlamaCppEngine:
         cparams.n_ubatch = min(options.n_ubatch, options.n_batch)
         cparams.n_seq_max = options.n_seq_max
         cparams.kv_unified = True  # resident conversations share one pool of cells
+        hybrid = llama_cpp.llama_model_is_hybrid(model)
+        cparams.swa_full = options.swa_full if options.swa_full is not None else not hybrid
+        if options.kv_type not in KV_TYPES:
+            llama_cpp.llama_model_free(model)
+            raise ModelLoadError(
+                f"Unknown KV cache type {options.kv_type!r}: use one of {', '.join(KV_TYPES)}."
+            )
+        cparams.type_k = cparams.type_v = KV_TYPES[options.kv_type]
+        cparams.offload_kqv = options.kv_offload
         threads = options.n_threads or max(os.cpu_count() or 1, 1)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads

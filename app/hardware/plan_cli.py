@@ -1,0 +1,175 @@
+"""`stoke plan GGUF`: where each tensor of a model goes on this machine (or a described one).
+
+Prints the per-device memory table and the llama-server command line that reproduces the
+placement, or the plan as JSON. Without --devices it plans for the GPUs detected here, with
+their free memory as budgets; --devices describes another machine (`cuda:12GiB,cuda:12GiB`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from app.engine.protocol import EngineError
+from app.hardware.memory import GIB, KV_TYPES
+from app.hardware.planner import PROFILES, DeviceBudget, Plan, plan, plan_to_dict
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "hip": "ROCm", "metal": "MTL", "vulkan": "Vulkan"}
+
+
+def parse_size(text: str) -> int:
+    """`12GiB`, `12G`, `12 GB`, `500MiB`, `1.5T` -> bytes (binary units: memory is sold so)."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 12GiB)")
+    return int(float(m[1]) * _UNITS[m[2]])
+
+
+def parse_devices(specs: list[str]) -> list[DeviceBudget]:
+    """`cuda:12GiB,cuda:12GiB` (or `CUDA1:12GiB`) -> budgets named as llama.cpp names them."""
+    devices: list[DeviceBudget] = []
+    counters: dict[str, int] = {}
+    for spec in (s for item in specs for s in item.split(",") if s.strip()):
+        kind, sep, size = spec.strip().partition(":")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"a device is KIND:SIZE, e.g. cuda:12GiB, not {spec}")
+        named = re.fullmatch(r"([A-Za-z]+)(\d+)", kind)
+        backend = (named[1] if named else kind).lower()
+        backend = "rocm" if backend == "hip" else backend
+        if backend not in _NAMES and backend.upper() != "MTL":
+            raise argparse.ArgumentTypeError(f"unknown device kind {kind!r} (cuda, rocm, metal)")
+        backend = "metal" if backend == "mtl" else backend
+        index = int(named[2]) if named else counters.get(backend, 0)
+        counters[backend] = index + 1
+        devices.append(DeviceBudget(f"{_NAMES[backend]}{index}", parse_size(size), backend))
+    return devices
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def _experts(d) -> str:
+    parts = []
+    if d.expert_layers_full:
+        parts.append(f"{len(d.expert_layers_full)} full")
+    if d.expert_layers_partial:
+        parts.append(f"{len(d.expert_layers_partial)} partial")
+    return ", ".join(parts) or "-"
+
+
+def render(p: Plan) -> str:
+    """The plan as a table a person reads before loading 150 GB."""
+    lines = [
+        f"{Path(p.model).name} ({p.architecture}, {p.n_layer} layers): context {p.n_ctx:,}, "
+        f"micro-batch {p.n_ubatch}, KV {p.kv_type}{'' if p.kv_offload else ' in RAM'}, "
+        f"profile {p.profile}, margin {p.margin:.0%}",
+        "",
+        f"{'device':8} {'layers':>9} {'weights':>9} {'KV':>8} {'compute':>8} {'total':>9} "
+        f"{'budget':>9}  expert layers",
+    ]
+    for d in p.devices:
+        layers = f"{d.layers[0]}-{d.layers[1]}" if d.layers else "-"
+        flag = "  OVER" if d.total > d.budget else ""
+        lines.append(
+            f"{d.name:8} {layers:>9} {_gib(d.weights):>9} {_gib(d.kv):>8} {_gib(d.compute):>8} "
+            f"{_gib(d.total):>9} {_gib(d.budget):>9}  {_experts(d)}{flag}"
+        )
+    lines.append("")
+    if p.expert_bytes_total:
+        lines.append(
+            f"Experts on GPUs: {p.expert_layers_on_gpu:.1f} of {p.n_layer} layers "
+            f"({_gib(p.expert_bytes_gpu)} of {_gib(p.expert_bytes_total)} GiB)."
+        )
+    lines.append("Fits." if p.fits else f"Does not fit. {p.minimum}")
+    lines += [f"Note: {w}" for w in p.warnings]
+    lines += ["", "llama-server command line:", p.command]
+    return "\n".join(lines)
+
+
+def _detected(args: argparse.Namespace) -> tuple[list[DeviceBudget], int, list[str]]:
+    from app.hardware.detect import detect
+
+    hw = detect()
+    notes = list(hw.notes)
+    gpus = [DeviceBudget(g.name, g.memory_free, g.backend, g.description) for g in hw.gpus]
+    if gpus and not hw.gpu_offload:
+        notes.append(hw.rebuild_hint or "This llama.cpp cannot offload to the GPU.")
+        gpus = []
+    elif not gpus and hw.rebuild_hint:
+        notes.append(hw.rebuild_hint)
+    return gpus, hw.memory.available, notes
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.models.gguf_info import inspect_gguf
+
+    try:
+        info = inspect_gguf(args.gguf)
+    except EngineError as exc:
+        print(f"stoke plan: {exc}", file=sys.stderr)
+        return 2
+    notes: list[str] = []
+    if args.devices is None:
+        devices, ram, notes = _detected(args)
+    else:
+        devices, ram = parse_devices(args.devices), 0
+    if args.ram is not None:
+        ram = args.ram
+    elif args.devices is not None:
+        from app.hardware.detect import _memory
+
+        ram = _memory().available
+    n_ctx = args.ctx or min(65_536, info.context_length or 65_536)
+    try:
+        result = plan(
+            info,
+            devices,
+            ram_bytes=ram,
+            n_ctx=n_ctx,
+            n_ubatch=args.ubatch,
+            kv_type=args.kv_type,
+            profile=args.profile,
+            margin=args.margin,
+        )
+    except ValueError as exc:
+        print(f"stoke plan: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**plan_to_dict(result), "notes": notes}, indent=2))
+    else:
+        print(render(result))
+        for note in notes:
+            print(f"Note: {note}")
+    return 0 if result.fits else 1
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """`stoke plan`: the expert-offload plan for a GGUF model."""
+    parser = subparsers.add_parser(
+        "plan",
+        help="where each tensor of a model goes (GPUs, RAM), and the llama-server command",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("gguf", type=Path, help="the model (any part of a split model)")
+    parser.add_argument(
+        "--devices",
+        action="append",
+        metavar="KIND:SIZE,...",
+        help="GPUs and their budgets, e.g. cuda:12GiB,cuda:12GiB (default: the GPUs here)",
+    )
+    parser.add_argument("--ram", type=parse_size, help="RAM budget (default: available here)")
+    parser.add_argument("--ctx", type=int, help="context length (default 65,536 or the model's)")
+    parser.add_argument("--ubatch", type=int, help="micro-batch (default: chosen for the profile)")
+    parser.add_argument("--kv-type", choices=KV_TYPES, default="f16")
+    parser.add_argument("--profile", choices=PROFILES, default="balanced")
+    parser.add_argument(
+        "--margin", type=float, default=0.05, help="safety fraction of each budget (0.05)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.set_defaults(run=run)
