@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from app.cli import chat
+from app.models import cli as models_cli
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--theme", choices=("light", "dark"), help="with --screenshot")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     chat.add_parser(subparsers)
+    models_cli.add_parser(subparsers)
     doctor = subparsers.add_parser("doctor", help="versions, paths, devices, engine checks")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(run=_doctor)
