@@ -9,16 +9,25 @@ import json
 import signal
 import sys
 from collections.abc import Iterator
+from dataclasses import fields
 
 from app import paths
 from app.conversations import Conversation, ConversationStore, StoreError
 from app.engine.host import EngineClient, EngineCrashedError
 from app.engine.prewarm import Prewarmer
-from app.engine.protocol import ContextOverflowError, EngineError, LoadOptions, TokenEvent
+from app.engine.protocol import (
+    ContextOverflowError,
+    EngineError,
+    LoadOptions,
+    ModelLoadError,
+    TokenEvent,
+)
+from app.models import load_settings
 from app.models.default import default_model_path
 from app.session import ChatSession, TurnResult
 from app.settings import Settings
 
+LOAD_FIELDS = {f.name for f in fields(LoadOptions)} - {"model_path"}
 HELP = """Commands:
   /new              start a new conversation
   /list             list conversations
@@ -58,17 +67,23 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
+    """App settings, then the model's saved hardware plan (the wizard's), then the flags."""
     settings = Settings.load()
     model = args.model or settings.model_path or str(default_model_path())
-    return LoadOptions(
-        model_path=model,
-        n_ctx=args.ctx or settings.n_ctx,
-        n_threads=settings.n_threads,
-        n_gpu_layers=settings.n_gpu_layers,
-        n_seq_max=settings.resident_conversations,
-        kv_disk_budget=int(settings.snapshot_disk_gib * (1 << 30)),
-        kv_ram_budget=int(settings.snapshot_ram_gib * (1 << 30)),
-    )
+    options: dict = {
+        "n_ctx": settings.n_ctx,
+        "n_threads": settings.n_threads,
+        "n_gpu_layers": settings.n_gpu_layers,
+        "n_seq_max": settings.resident_conversations,
+        "kv_disk_budget": int(settings.snapshot_disk_gib * (1 << 30)),
+        "kv_ram_budget": int(settings.snapshot_ram_gib * (1 << 30)),
+    }
+    with contextlib.suppress(OSError, ModelLoadError):  # no plan for a missing file
+        planned = load_settings.load(model) or {}
+        options.update({k: v for k, v in planned.items() if k in LOAD_FIELDS})
+    if args.ctx:
+        options["n_ctx"] = args.ctx
+    return LoadOptions(model_path=model, **options)
 
 
 class UserError(Exception):

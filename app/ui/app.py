@@ -76,6 +76,9 @@ def run_gui(options: LoadOptions, *, conversation: str | None = None) -> int:
 
     async def main() -> None:
         window, session = await _open(options, conversation, None)
+        if window.settings.value("hardware_seen", "false") != "true":  # the first run
+            window.settings.setValue("hardware_seen", "true")
+            window.open_hardware_wizard()
         await closed.wait()
         await _shutdown(window, session)
 

@@ -38,6 +38,7 @@ from app.ui import theme
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
 from app.ui.composer import Composer
+from app.ui.hardware_wizard import HardwareWizard
 from app.ui.models import MessageView
 from app.ui.settings_panel import ConversationSettings
 from app.ui.sidebar import Sidebar
@@ -182,6 +183,8 @@ class MainWindow(QMainWindow):
             QKeySequence.StandardKey.Preferences,
         )
         self.addAction(self._shortcut_action(QKeySequence("Ctrl+,"), self.toggle_settings))
+        settings_menu = bar.addMenu("&Settings")
+        action(settings_menu, "Hardware…", self.open_hardware_wizard, name="hardware")
         themes = view.addMenu("Theme")
         for name in theme.THEMES:
             action(themes, name.title(), lambda _=False, n=name: self.apply_theme(n))
@@ -450,6 +453,18 @@ class MainWindow(QMainWindow):
         dark = theme.apply(QApplication.instance(), name)
         self.chat.set_dark(dark)
         self.banner.set_dark(dark)
+
+    def open_hardware_wizard(self) -> HardwareWizard:
+        """Settings > Hardware: the devices, and the plan the model loads with."""
+        wizard = HardwareWizard(self.session.engine.options.model_path, parent=self)
+        wizard.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        wizard.applied.connect(
+            lambda _options: self.statusBar().showMessage(
+                "Hardware plan saved: the model loads with it from the next start", 4000
+            )
+        )
+        wizard.open()
+        return wizard
 
     def toggle_settings(self) -> None:
         self.settings_dock.setVisible(not self.settings_dock.isVisible())
