@@ -7,7 +7,7 @@ import argparse
 from app.cli.chat import load_options
 from app.models import load_settings
 from app.models.default import default_model_path
-from tests.gui.test_main_window import Harness, harness  # noqa: F401 (the fixture)
+from tests.gui.harness import Harness
 
 
 def test_hardware_menu_opens_the_wizard_and_its_plan_loads_next(harness: Harness) -> None:

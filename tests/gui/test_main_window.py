@@ -2,92 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
 
-import pytest
-import qasync
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QApplication, QPushButton, QTextBrowser, QWidget
+from PySide6.QtWidgets import QPushButton, QTextBrowser, QWidget
 
 from app.engine.protocol import LoadOptions
-from app.models.default import default_model_path
-from app.ui.app import _open, _shutdown
+from app.ui.app import _open
 from app.ui.main_window import MainWindow
-
-TIMEOUT_S = 120
-
-
-class Harness:
-    """Runs the app's own start-up on a qasync loop and drives it like a user."""
-
-    def __init__(self, app: QApplication) -> None:
-        self.loop = qasync.QEventLoop(app, already_running=False)
-        asyncio.set_event_loop(self.loop)
-        self.window: MainWindow | None = None
-        self.session = None
-
-    def run(self, work: Coroutine[Any, Any, Any]) -> Any:
-        return self.loop.run_until_complete(asyncio.wait_for(work, TIMEOUT_S))
-
-    def start(self, **options: Any) -> MainWindow:
-        load = LoadOptions(str(default_model_path()), **{"n_ctx": 4096, **options})
-        self.window, self.session = self.run(_open(load, None, "light"))
-        self.run(self.session.engine.ready())
-        self.run(self.window.prewarm.idle())
-        return self.window
-
-    def stop(self) -> None:
-        if self.window is not None:
-            self.window.close()
-            self.run(_shutdown(self.window, self.session))
-            self.window.deleteLater()
-            self.window = None
-
-    def wait_until(self, condition: Callable[[], bool], timeout: float = TIMEOUT_S) -> None:
-        async def poll() -> None:
-            while not condition():
-                await asyncio.sleep(0.02)
-
-        self.loop.run_until_complete(asyncio.wait_for(poll(), timeout))
-
-    def turn(self) -> None:
-        """Wait for the running turn to end."""
-        task = self.window.turn
-        if task is not None:
-            self.run(asyncio.shield(task))
-
-    def act(self, action: Callable[[], object]) -> None:
-        """Do something in the window while the loop runs, as it always does in the app."""
-
-        async def go() -> None:
-            action()
-            await asyncio.sleep(0)
-
-        self.run(go())
-
-    def type_and_send(self, text: str) -> None:
-        editor = self.window.composer.editor
-
-        def typing() -> None:
-            editor.setFocus()
-            QTest.keyClicks(editor, text)
-            QTest.keyClick(editor, Qt.Key.Key_Return)
-
-        self.act(typing)
-
-
-@pytest.fixture
-def harness(qapp: QApplication, stoke_home: Path) -> Iterator[Harness]:
-    h = Harness(qapp)
-    try:
-        yield h
-    finally:
-        h.stop()
-        h.loop.close()
+from tests.gui.harness import Harness
 
 
 def bubbles(window: MainWindow) -> list[tuple[str, str]]:
@@ -173,7 +97,7 @@ def test_edit_makes_a_branch_and_the_navigator_switches(harness: Harness):
     assert replies[0].id == reply.id and len(replies) == 2
 
 
-def test_search_delete_undo_and_restart_restores(harness: Harness, qapp: QApplication):
+def test_search_delete_undo_and_restart_restores(harness: Harness):
     window = harness.start()
     first = window.conversation_id
     title_words = {"Tell", "about", "zebra"}
