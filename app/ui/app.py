@@ -57,6 +57,8 @@ async def _open(
 async def _shutdown(window: MainWindow, session: ChatSession) -> None:
     session.cancel()
     await window.prewarm.idle()
+    # Running downloads stay marked running: the next start resumes them.
+    await asyncio.get_running_loop().run_in_executor(None, window.downloads.shutdown)
     await session.engine.close()
     session.store.close()
 

@@ -8,8 +8,11 @@ ends in the banner, in words, with the action that fixes it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -32,14 +35,25 @@ from app.conversations import Message, StoreError
 from app.conversations.export import export_json, export_markdown, import_json
 from app.engine.host import EngineCrashedError, EngineState
 from app.engine.prewarm import Prewarmer
-from app.engine.protocol import ContextOverflowError, EngineError, FinishReason, TokenEvent
+from app.engine.protocol import (
+    ContextOverflowError,
+    EngineError,
+    FinishReason,
+    LoadOptions,
+    TokenEvent,
+)
+from app.models import load_settings
+from app.models.downloads import Downloads
+from app.models.library import Library
 from app.session import ChatSession, TurnResult
+from app.settings import Settings
 from app.ui import theme
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
 from app.ui.composer import Composer
 from app.ui.hardware_wizard import HardwareWizard
 from app.ui.models import MessageView
+from app.ui.models_page import ModelsDialog
 from app.ui.settings_panel import ConversationSettings
 from app.ui.sidebar import Sidebar
 
@@ -116,6 +130,9 @@ class MainWindow(QMainWindow):
         self.status.setContentsMargins(12, 0, 0, 0)
         self.statusBar().addWidget(self.status, 1)
 
+        self.downloads = Downloads()
+        threading.Thread(target=self.downloads.resume_pending, daemon=True).start()
+        self.models_dialog: ModelsDialog | None = None
         self._build_menus()
         self._connect()
         self.apply_theme(self._theme)
@@ -168,6 +185,8 @@ class MainWindow(QMainWindow):
         action(file, "Import Conversation…", self._import_dialog)
         action(file, "Export as Markdown…", lambda: self._export_dialog("md"))
         action(file, "Export as JSON…", lambda: self._export_dialog("json"))
+        file.addSeparator()
+        action(file, "Models…", self.open_models, QKeySequence("Ctrl+Shift+M"))
         file.addSeparator()
         action(file, "Quit", self.close, QKeySequence.StandardKey.Quit)
         edit = bar.addMenu("&Edit")
@@ -454,9 +473,44 @@ class MainWindow(QMainWindow):
         self.chat.set_dark(dark)
         self.banner.set_dark(dark)
 
-    def open_hardware_wizard(self) -> HardwareWizard:
+    def open_models(self) -> ModelsDialog:
+        """File > Models: the library, downloads and the catalog."""
+        if self.models_dialog is None:
+            self.models_dialog = ModelsDialog(Library(), self.downloads, parent=self)
+            self.models_dialog.load_requested.connect(
+                lambda path: self._spawn(self.switch_model(path))
+            )
+            self.models_dialog.plan_requested.connect(self.open_hardware_wizard)
+        self.models_dialog.set_loaded_path(self.session.engine.options.model_path)
+        self.models_dialog.show()
+        self.models_dialog.raise_()
+        return self.models_dialog
+
+    async def switch_model(self, path: str) -> None:
+        """Restart the engine on another model, with its saved load settings."""
+        self.session.cancel()
+        await self.prewarm.idle()
+        engine = self.session.engine
+        await engine.close()
+        saved = load_settings.load(path) or {}
+        known = {f.name for f in dataclasses.fields(LoadOptions)} - {"model_path"}
+        engine.options = dataclasses.replace(
+            engine.options, model_path=path, **{k: v for k, v in saved.items() if k in known}
+        )
+        settings = Settings.load()
+        settings.model_path = path
+        settings.save()
+        if self.models_dialog is not None:
+            self.models_dialog.set_loaded_path(path)
+        with contextlib.suppress(EngineError):  # the header and the banner say why
+            await engine.start()
+        if self.conversation_id is not None:
+            self._warm_when_done(self.prewarm.open(self.conversation_id), self.conversation_id)
+
+    def open_hardware_wizard(self, model_path: str | None = None) -> HardwareWizard:
         """Settings > Hardware: the devices, and the plan the model loads with."""
-        wizard = HardwareWizard(self.session.engine.options.model_path, parent=self)
+        path = model_path or self.session.engine.options.model_path
+        wizard = HardwareWizard(path, parent=self)
         wizard.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         wizard.applied.connect(
             lambda _options: self.statusBar().showMessage(
