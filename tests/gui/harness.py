@@ -7,7 +7,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import qasync
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QCoreApplication, QEvent, Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
@@ -42,7 +42,10 @@ class Harness:
         if self.window is not None:
             self.window.close()
             self.run(_shutdown(self.window, self.session))
+            # Delete it now, timers and dialogs included: a closed window's timers would
+            # still fire into the next test, against a closed store and another loop.
             self.window.deleteLater()
+            QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
             self.window = None
 
     def wait_until(self, condition: Callable[[], bool], timeout: float = TIMEOUT_S) -> None:
