@@ -87,6 +87,7 @@ from app.hardware.planner import (
 from app.models import load_settings
 from app.models.gguf_info import GGUFInfo, inspect_gguf
 from app.settings import Settings
+from app.ui.a11y import described
 
 PLAN_DEBOUNCE_MS = 150
 DEFAULT_CONTEXT = 65_536
@@ -593,12 +594,6 @@ class _PathLabel(QLabel):
         self.setText(metrics.elidedText(self._full, Qt.TextElideMode.ElideMiddle, self.width()))
 
 
-def _named(widget: QWidget, name: str, tip: str) -> QWidget:
-    widget.setAccessibleName(name)
-    widget.setToolTip(tip)
-    return widget
-
-
 def _label(text: str = "", parent: QWidget | None = None, *, role: str = "") -> QLabel:
     label = QLabel(text, parent)
     label.setWordWrap(True)
@@ -708,14 +703,14 @@ class HardwareWizard(QDialog):
 
         buttons = QDialogButtonBox(self)
         self.apply_button = buttons.addButton("Apply", QDialogButtonBox.ButtonRole.AcceptRole)
-        _named(
+        described(
             self.apply_button,
             "Apply",
             "Save this plan as the model's load settings; Stoke loads the model with it",
         )
         self.apply_button.setDefault(True)
         self.cancel_button = buttons.addButton(QDialogButtonBox.StandardButton.Cancel)
-        _named(self.cancel_button, "Cancel", "Close without saving anything")
+        described(self.cancel_button, "Cancel", "Close without saving anything")
         self.apply_button.clicked.connect(self.apply)
         self.cancel_button.clicked.connect(self.reject)
         self.apply_error = _label("", self)
@@ -735,7 +730,7 @@ class HardwareWizard(QDialog):
         card, column = _card("This machine", parent)
         self.device_table = QTableWidget(0, 4, card)
         self.device_table.setObjectName("devices")
-        _named(
+        described(
             self.device_table,
             "Detected devices",
             "The GPUs llama.cpp can use and the CPU with system RAM; free memory is what a "
@@ -788,7 +783,7 @@ class HardwareWizard(QDialog):
         names.addWidget(self.model_path_label)
         row.addLayout(names, 1)
         self.model_button = QPushButton("Choose…", card)
-        _named(self.model_button, "Choose model", "Pick another GGUF model file to plan for")
+        described(self.model_button, "Choose model", "Pick another GGUF model file to plan for")
         row.addWidget(self.model_button, 0, Qt.AlignmentFlag.AlignTop)
         column.addLayout(row)
         facts = QGridLayout()
@@ -830,7 +825,7 @@ class HardwareWizard(QDialog):
         form.setVerticalSpacing(10)
 
         self.context_slider = QSlider(Qt.Orientation.Horizontal, card)
-        _named(
+        described(
             self.context_slider,
             "Context length",
             "The longest conversation the model holds at once, in tokens; its KV cache grows "
@@ -860,7 +855,7 @@ class HardwareWizard(QDialog):
         form.addRow("Context", slider_box)
 
         self.profile_combo = QComboBox(card)
-        _named(
+        described(
             self.profile_combo,
             "Profile",
             "What the model spends its time on, which sets the micro-batch",
@@ -874,7 +869,7 @@ class HardwareWizard(QDialog):
         form.addRow("Profile", self.profile_combo)
 
         self.kv_combo = QComboBox(card)
-        _named(
+        described(
             self.kv_combo,
             "KV cache type",
             "How the conversation's KV cache is stored: smaller types leave room for more "
@@ -885,7 +880,7 @@ class HardwareWizard(QDialog):
         form.addRow("KV cache", self.kv_combo)
 
         self.ubatch_combo = QComboBox(card)
-        _named(
+        described(
             self.ubatch_combo,
             "Micro-batch",
             "Tokens read per step of prefill: larger is faster for long prompts but needs "
@@ -896,7 +891,7 @@ class HardwareWizard(QDialog):
         form.addRow("Micro-batch", self.ubatch_combo)
 
         self.resident_spin = QSpinBox(card)
-        _named(
+        described(
             self.resident_spin,
             "Conversations kept loaded",
             "How many conversations stay in memory at once, so switching between them costs "
@@ -911,7 +906,7 @@ class HardwareWizard(QDialog):
         form.addRow("Conversations", self.resident_spin)
 
         self.kv_ram_check = QCheckBox("Keep the KV cache in system RAM", card)
-        _named(
+        described(
             self.kv_ram_check,
             "KV cache in RAM",
             "Frees GPU memory for experts at the cost of slower attention (llama.cpp -nkvo)",
@@ -963,7 +958,7 @@ class HardwareWizard(QDialog):
         actions = QHBoxLayout()
         actions.addStretch(1)
         self.copy_button = QPushButton("Copy llama-server command", card)
-        _named(
+        described(
             self.copy_button,
             "Copy llama-server command",
             "Copy the llama-server command line that loads the model with this plan",
@@ -1275,7 +1270,7 @@ class HardwareWizard(QDialog):
         for a in alts:
             button = QPushButton(("✓  " if a.fits else "✗  ") + choice_text(a), self)
             button.setObjectName("alternative")
-            _named(
+            described(
                 button,
                 choice_text(a),
                 "Use these settings"

@@ -90,6 +90,7 @@ from app.models.catalog import (
 )
 from app.models.downloads import Downloads, Progress, RepoListing, list_repo
 from app.models.library import ImportMode, Library, LibraryError, ModelEntry, format_bytes
+from app.ui.a11y import described
 from app.ui.banner import Banner
 
 log = logging.getLogger("stoke.ui.models")
@@ -275,11 +276,6 @@ def machine_summary(hardware: Hardware) -> str:
     return f"No GPU Stoke can use · {ram} RAM"
 
 
-def _tip(widget: QWidget, name: str, tip: str) -> None:
-    widget.setAccessibleName(name)
-    widget.setToolTip(tip)
-
-
 def _label(text: str = "", name: str = "", parent: QWidget | None = None) -> QLabel:
     label = QLabel(text, parent)
     if name:
@@ -297,10 +293,10 @@ def confirm(parent: QWidget, title: str, text: str, action: str, keep: str = "Ca
     box.setDefaultButton(QMessageBox.StandardButton.Cancel)
     yes = box.button(QMessageBox.StandardButton.Yes)
     yes.setText(action)
-    _tip(yes, action, action)
+    described(yes, action, action)
     no = box.button(QMessageBox.StandardButton.Cancel)
     no.setText(keep)
-    _tip(no, keep, keep)
+    described(no, keep, keep)
     return box.exec() == QMessageBox.StandardButton.Yes
 
 
@@ -474,11 +470,11 @@ class ImportDialog(QDialog):
         row = QHBoxLayout()
         self.path_edit = QLineEdit(self)
         self.path_edit.setPlaceholderText("/path/to/model.gguf")
-        _tip(self.path_edit, "Model to import", "The GGUF file or MLX folder to import")
+        described(self.path_edit, "Model to import", "The GGUF file or MLX folder to import")
         self.file_button = QPushButton("Choose File…", self)
-        _tip(self.file_button, "Choose a GGUF file", "Pick a .gguf file")
+        described(self.file_button, "Choose a GGUF file", "Pick a .gguf file")
         self.folder_button = QPushButton("Choose Folder…", self)
-        _tip(self.folder_button, "Choose an MLX folder", "Pick an MLX model folder")
+        described(self.folder_button, "Choose an MLX folder", "Pick an MLX model folder")
         row.addWidget(self.path_edit, 1)
         row.addWidget(self.file_button)
         row.addWidget(self.folder_button)
@@ -490,7 +486,7 @@ class ImportDialog(QDialog):
         self.mode_buttons: dict[str, QRadioButton] = {}
         for mode, title, detail in IMPORT_MODES:
             radio = QRadioButton(title, self)
-            _tip(radio, title, detail)
+            described(radio, title, detail)
             explain = _label(detail, "muted", self)
             explain.setWordWrap(True)
             explain.setContentsMargins(24, 0, 0, 2)
@@ -510,9 +506,9 @@ class ImportDialog(QDialog):
         self.import_button = QPushButton("Import", self)
         self.import_button.setObjectName("primary")  # named before the box polishes it
         buttons.addButton(self.import_button, QDialogButtonBox.ButtonRole.AcceptRole)
-        _tip(self.import_button, "Import", "Import the model into the library")
+        described(self.import_button, "Import", "Import the model into the library")
         cancel = buttons.addButton(QDialogButtonBox.StandardButton.Cancel)
-        _tip(cancel, "Cancel", "Close without importing")
+        described(cancel, "Cancel", "Close without importing")
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         column.addWidget(buttons)
@@ -583,7 +579,7 @@ class DownloadRow(QFrame):
         self.bar.setRange(0, 1000)
         self.bar.setFormat("%p%")
         self.bar.setTextVisible(True)
-        _tip(self.bar, f"Progress of {title}", "How much of the download is on disk")
+        described(self.bar, f"Progress of {title}", "How much of the download is on disk")
         self.detail = _label("", "muted", self)
         self.detail.setAccessibleName("Bytes, speed and time left")
         self.files = _label("", "muted", self)
@@ -594,12 +590,12 @@ class DownloadRow(QFrame):
         self.error.setAccessibleName("Download error")
         self.error.hide()
         self.pause_button = QPushButton("Pause", self)
-        _tip(self.pause_button, f"Pause {title}", "Stop for now; the bytes on disk are kept")
+        described(self.pause_button, f"Pause {title}", "Stop for now; the bytes on disk are kept")
         self.resume_button = QPushButton("Resume", self)
-        _tip(self.resume_button, f"Resume {title}", "Go on from the bytes already downloaded")
+        described(self.resume_button, f"Resume {title}", "Go on from the bytes already downloaded")
         self.cancel_button = QPushButton("Cancel", self)
         self.cancel_button.setObjectName("danger")
-        _tip(self.cancel_button, f"Cancel {title}", "Stop and delete what was downloaded")
+        described(self.cancel_button, f"Cancel {title}", "Stop and delete what was downloaded")
         buttons = QHBoxLayout()
         buttons.setSpacing(6)
         for button in (self.pause_button, self.resume_button, self.cancel_button):
@@ -730,7 +726,7 @@ class CatalogCard(QFrame):
         self.size_label.setToolTip("About this much is downloaded and kept on disk")
         self.download_button = QPushButton("Download", self)
         self.download_button.setObjectName("primary")
-        _tip(
+        described(
             self.download_button,
             f"Download {entry.name}",
             f"Download {format_bytes(entry.size_bytes)} from {entry.repo}",
@@ -945,21 +941,25 @@ class ModelsDialog(QDialog):
         self.filter_edit = QLineEdit(page)
         self.filter_edit.setPlaceholderText("Filter models…")
         self.filter_edit.setClearButtonEnabled(True)
-        _tip(self.filter_edit, "Filter models", "Show only models whose details contain this text")
+        described(
+            self.filter_edit, "Filter models", "Show only models whose details contain this text"
+        )
         self.import_button = QPushButton("Import…", page)
-        _tip(
+        described(
             self.import_button,
             "Import a model",
             "Bring a GGUF file or an MLX folder into the library (copy, move or link)",
         )
         self.add_folder_button = QPushButton("Add Folder…", page)
-        _tip(
+        described(
             self.add_folder_button,
             "Add a models folder",
             "List the models of another folder too, where they are",
         )
         self.refresh_button = QPushButton("Rescan", page)
-        _tip(self.refresh_button, "Rescan the library", "Look for models added or removed on disk")
+        described(
+            self.refresh_button, "Rescan the library", "Look for models added or removed on disk"
+        )
         toolbar.addWidget(self.filter_edit, 1)
         toolbar.addWidget(self.refresh_button)
         toolbar.addWidget(self.add_folder_button)
@@ -977,7 +977,7 @@ class ModelsDialog(QDialog):
         self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
         self.table = QTableView(page)
         self.table.setModel(self.proxy)
-        _tip(self.table, "Models in the library", "Select a model; double-click to load it")
+        described(self.table, "Models in the library", "Select a model; double-click to load it")
         self.table.setSortingEnabled(True)
         self.table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -1014,9 +1014,11 @@ class ModelsDialog(QDialog):
         self.library_empty.setAccessibleName("No models")
         empty_import = QPushButton("Import…", self.library_empty)
         empty_import.setObjectName("primary")
-        _tip(empty_import, "Import a model", "Bring a GGUF file or an MLX folder into the library")
+        described(
+            empty_import, "Import a model", "Bring a GGUF file or an MLX folder into the library"
+        )
         empty_catalog = QPushButton("Browse the Catalog", self.library_empty)
-        _tip(empty_catalog, "Open the catalog", "Recommended models, with whether each fits")
+        described(empty_catalog, "Open the catalog", "Recommended models, with whether each fits")
         self.library_empty.add_button(empty_import)
         self.library_empty.add_button(empty_catalog)
         self.library_empty.finish()
@@ -1040,7 +1042,7 @@ class ModelsDialog(QDialog):
         self.busy_bar.setRange(0, 0)
         self.busy_bar.setTextVisible(False)
         self.busy_bar.setFixedWidth(120)
-        _tip(self.busy_bar, "Library busy", "A library operation is running")
+        described(self.busy_bar, "Library busy", "A library operation is running")
         footer.addWidget(self.total_label)
         footer.addWidget(self.problems_label)
         footer.addStretch(1)
@@ -1152,16 +1154,18 @@ class ModelsDialog(QDialog):
         buttons.setSpacing(6)
         self.load_button = QPushButton("Load", frame)
         self.load_button.setObjectName("primary")
-        _tip(self.load_button, "Load model", "Restart the chat engine with this model")
+        described(self.load_button, "Load model", "Restart the chat engine with this model")
         self.plan_button = QPushButton("Plan…", frame)
-        _tip(
+        described(
             self.plan_button,
             "Plan how to load",
             "Open the hardware planner: where this model's tensors go on this machine",
         )
         self.delete_button = QPushButton("Delete…", frame)
         self.delete_button.setObjectName("danger")
-        _tip(self.delete_button, "Delete model", "Delete this model's files and its KV snapshots")
+        described(
+            self.delete_button, "Delete model", "Delete this model's files and its KV snapshots"
+        )
         buttons.addWidget(self.load_button)
         buttons.addWidget(self.plan_button)
         buttons.addStretch(1)
@@ -1467,18 +1471,20 @@ class ModelsDialog(QDialog):
         source = QHBoxLayout()
         self.repo_edit = QLineEdit(page)
         self.repo_edit.setPlaceholderText("Hugging Face repo, e.g. unsloth/Qwen3-8B-GGUF")
-        _tip(self.repo_edit, "Hugging Face repo", "owner/name of a model repo on the hub")
+        described(self.repo_edit, "Hugging Face repo", "owner/name of a model repo on the hub")
         self.browse_button = QPushButton("Browse", page)
-        _tip(self.browse_button, "Browse the repo", "List the repo's models with their sizes")
+        described(self.browse_button, "Browse the repo", "List the repo's models with their sizes")
         self.group_combo = QComboBox(page)
         self.group_combo.setMinimumWidth(220)
         self.group_combo.setPlaceholderText("Browse a repo first")
-        _tip(self.group_combo, "Model to download", "A quantization (all parts of a split set)")
+        described(
+            self.group_combo, "Model to download", "A quantization (all parts of a split set)"
+        )
         self.repo_download_button = QPushButton("Download", page)
         self.repo_download_button.setObjectName("primary")
-        _tip(self.repo_download_button, "Download from the repo", "Download the chosen model")
+        described(self.repo_download_button, "Download from the repo", "Download the chosen model")
         self.token_button = QPushButton("Token…", page)
-        _tip(
+        described(
             self.token_button,
             "Hugging Face token",
             "For gated or private repos: kept in the system keychain, never in a file",
