@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -92,3 +93,27 @@ def verdict(entry: CatalogEntry, hardware: Hardware) -> str:
     if entry.moe and entry.size_bytes * _SHARED_FRACTION <= room.gpu_bytes:
         return FITS_EXPERT_OFFLOAD
     return FITS_CPU_OFFLOAD
+
+
+# Bandwidth where a token's active weights are read from, conservatively: one desktop GPU,
+# Apple's unified memory, dual/quad-channel system RAM. Decode is bound by it, so tokens/s is
+# about bandwidth / active bytes per token; this sorts models into classes, not benchmarks.
+_BANDWIDTH = {"gpu": 300e9, "unified": 400e9, "ram": 40e9}
+_ACTIVE = re.compile(r"([\d.]+)\s*B\s+total,\s*([\d.]+)\s*B\s+active", re.IGNORECASE)
+
+
+def active_fraction(entry: CatalogEntry) -> float:
+    """Share of the weights one token reads: the active experts of a MoE, else all."""
+    match = _ACTIVE.search(entry.parameters)
+    return float(match[2]) / float(match[1]) if match and entry.moe else 1.0
+
+
+def speed_class(entry: CatalogEntry, hardware: Hardware) -> str | None:
+    """A predicted decode speed class ("fast, ~40 tok/s"); None when it does not fit."""
+    fit = verdict(entry, hardware)
+    if fit == DOES_NOT_FIT:
+        return None
+    where = "unified" if hardware.apple is not None else "gpu" if fit == FITS_GPU else "ram"
+    tok_s = _BANDWIDTH[where] / max(entry.size_bytes * active_fraction(entry), 1)
+    label = "fast" if tok_s >= 20 else "usable" if tok_s >= 5 else "slow"
+    return f"{label}, up to ~{tok_s:,.0f} tok/s"

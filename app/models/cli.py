@@ -282,14 +282,21 @@ def _download(args: argparse.Namespace) -> int:
 
 def _catalog(args: argparse.Namespace) -> int:
     from app.hardware.detect import detect
-    from app.models.catalog import budget, load_catalog, verdict
+    from app.models.catalog import budget, load_catalog, speed_class, verdict
 
     hardware = detect()
     room = budget(hardware)
     entries = load_catalog()
     verdicts = {e.id: verdict(e, hardware) for e in entries}
-    rows = [["ID", "NAME", "SIZE", "FIT"]] + [
-        [e.id, e.name + ("" if e.checked else " *"), format_bytes(e.size_bytes), verdicts[e.id]]
+    speeds = {e.id: speed_class(e, hardware) for e in entries}
+    rows = [["ID", "NAME", "SIZE", "FIT", "SPEED"]] + [
+        [
+            e.id,
+            e.name + ("" if e.checked else " *"),
+            format_bytes(e.size_bytes),
+            verdicts[e.id],
+            speeds[e.id] or "-",
+        ]
         for e in entries
     ]
     text = (
@@ -298,7 +305,9 @@ def _catalog(args: argparse.Namespace) -> int:
         "* repo not checked against the hub.\n"
         "Download one with `stoke models download ID`."
     )
-    data = [dataclasses.asdict(e) | {"verdict": verdicts[e.id]} for e in entries]
+    data = [
+        dataclasses.asdict(e) | {"verdict": verdicts[e.id], "speed": speeds[e.id]} for e in entries
+    ]
     _emit(args, data, text)
     return 0
 

@@ -86,6 +86,7 @@ from app.models.catalog import (
     CatalogEntry,
     budget,
     load_catalog,
+    speed_class,
     verdict,
 )
 from app.models.downloads import Downloads, Progress, RepoListing, list_repo
@@ -1850,6 +1851,9 @@ class ModelsDialog(QDialog):
         self.machine_label.setText(f"Fit for this machine — {machine_summary(self.hardware)}")
         for card in self.cards.values():
             card.set_fit(verdict(card.entry, self.hardware))
+            speed = speed_class(card.entry, self.hardware)
+            if speed:
+                card.badge.setToolTip(f"{card.badge.toolTip()} Predicted decode: {speed}.")
 
     def _update_catalog_buttons(self) -> None:
         active = {

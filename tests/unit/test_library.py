@@ -302,6 +302,19 @@ def test_verdicts_follow_gpu_and_ram() -> None:
     assert catalog.verdict(dense, four_3060s) == catalog.FITS_CPU_OFFLOAD
 
 
+def test_speed_class_reads_active_weights_where_they_live() -> None:
+    """Decode reads a token's active weights: the 2-bit DeepSeek with experts in RAM lands
+    near the 10.1 tok/s the seed's 4x3060 box measured (FIELD_NOTES)."""
+    entries = {e.id: e for e in catalog.load_catalog()}
+    q2, smol = entries["deepseek-v4-flash-q2"], entries["smollm2-135m"]
+    assert catalog.active_fraction(q2) == 13 / 284
+    assert catalog.active_fraction(smol) == 1.0
+    four_3060s = machine(gpus=4, gpu_gib=12, ram_gib=128)
+    assert catalog.speed_class(q2, four_3060s) == "usable, up to ~10 tok/s"
+    assert catalog.speed_class(smol, four_3060s).startswith("fast")
+    assert catalog.speed_class(q2, machine(ram_gib=16)) is None  # does not fit
+
+
 # --- the command line -------------------------------------------------------------------------
 
 
