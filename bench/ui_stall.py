@@ -34,9 +34,9 @@ async def measure(tokens: int, reps: int) -> dict[str, Any]:
 
     from app.engine.protocol import LoadOptions
     from app.models.default import default_model_path
-    from app.ui.app import _open, _shutdown
+    from app.ui.app import open_window, shutdown
 
-    window, session = await _open(LoadOptions(str(default_model_path())), None, "light")
+    window, session = await open_window(LoadOptions(str(default_model_path())), None, "light")
     await session.engine.ready()
     window.resize(1180, 780)
     gaps: list[float] = []
@@ -69,7 +69,7 @@ async def measure(tokens: int, reps: int) -> dict[str, Any]:
             generated.append(result.stats.generated_tokens if result and result.stats else 0)
     finally:
         window.close()
-        await _shutdown(window, session)
+        await shutdown(window, session)
     longest = statistics.median(maxima)
     return {
         "benchmark": "ui_stall",

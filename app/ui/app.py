@@ -31,9 +31,11 @@ def window_settings() -> QSettings:
     return QSettings(str(paths.config_dir() / "window.ini"), QSettings.Format.IniFormat)
 
 
-async def _open(
+async def open_window(
     options: LoadOptions, conversation: str | None, theme: str | None
 ) -> tuple[MainWindow, ChatSession]:
+    """The window over the store and a starting engine: what the app, the screenshot mode,
+    the UI benchmark and the window tests all run."""
     store = ConversationStore.open()
     client = EngineClient(options, log_path=paths.cache_dir() / "engine.log")
     session = ChatSession(store, client)
@@ -54,7 +56,8 @@ async def _open(
     return window, session
 
 
-async def _shutdown(window: MainWindow, session: ChatSession) -> None:
+async def shutdown(window: MainWindow, session: ChatSession) -> None:
+    """Stop the reply, let background work end, and close engine, downloads and store."""
     session.cancel()
     await window.prewarm.idle()
     # Running downloads stay marked running: the next start resumes them.
@@ -77,12 +80,12 @@ def run_gui(options: LoadOptions, *, conversation: str | None = None) -> int:
     app.lastWindowClosed.connect(closed.set)
 
     async def main() -> None:
-        window, session = await _open(options, conversation, None)
+        window, session = await open_window(options, conversation, None)
         if window.settings.value("hardware_seen", "false") != "true":  # the first run
             window.settings.setValue("hardware_seen", "true")
             window.open_hardware_wizard()
         await closed.wait()
-        await _shutdown(window, session)
+        await shutdown(window, session)
 
     with loop:
         try:
@@ -106,7 +109,7 @@ def screenshot(
     asyncio.set_event_loop(loop)
 
     async def main() -> None:
-        window, session = await _open(options, conversation, theme)
+        window, session = await open_window(options, conversation, theme)
         window.resize(1180, 760)
         await window.prewarm.idle()
         done = asyncio.Event()
@@ -114,7 +117,7 @@ def screenshot(
         await done.wait()
         window.grab().save(str(path))
         window.close()
-        await _shutdown(window, session)
+        await shutdown(window, session)
 
     with loop:
         loop.run_until_complete(main())

@@ -597,6 +597,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self._save_draft(self.composer.text())
+        self.conversation_settings.flush()  # an edit still waiting out its pause
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("splitter", self.splitter.saveState())
         self.settings.setValue(

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.engine.protocol import LoadOptions
 from app.models.default import default_model_path
-from app.ui.app import _open, _shutdown
+from app.ui.app import open_window, shutdown
 from app.ui.main_window import MainWindow
 
 TIMEOUT_S = 120
@@ -33,7 +33,7 @@ class Harness:
 
     def start(self, **options: Any) -> MainWindow:
         load = LoadOptions(str(default_model_path()), **{"n_ctx": 4096, **options})
-        self.window, self.session = self.run(_open(load, None, "light"))
+        self.window, self.session = self.run(open_window(load, None, "light"))
         self.run(self.session.engine.ready())
         self.run(self.window.prewarm.idle())
         return self.window
@@ -41,7 +41,7 @@ class Harness:
     def stop(self) -> None:
         if self.window is not None:
             self.window.close()
-            self.run(_shutdown(self.window, self.session))
+            self.run(shutdown(self.window, self.session))
             # Delete it now, timers and dialogs included: a closed window's timers would
             # still fire into the next test, against a closed store and another loop.
             self.window.deleteLater()

@@ -9,7 +9,7 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QPushButton, QTextBrowser, QWidget
 
 from app.engine.protocol import LoadOptions
-from app.ui.app import _open
+from app.ui.app import open_window
 from app.ui.main_window import MainWindow
 from tests.gui.harness import Harness
 
@@ -169,7 +169,9 @@ def test_errors_show_in_the_banner_with_their_fix(harness: Harness, tmp_path: Pa
 def test_a_model_that_fails_to_load_is_explained(harness: Harness, tmp_path: Path):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
-    harness.window, harness.session = harness.run(_open(LoadOptions(str(broken)), None, "light"))
+    harness.window, harness.session = harness.run(
+        open_window(LoadOptions(str(broken)), None, "light")
+    )
     window = harness.window
     assert window.banner.isVisible()
     assert "Could not load the model broken.gguf" in window.banner.text.text()
