@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from app.cli import chat
+from app.conversations import StoreError
+from app.engine.protocol import EngineError
 from app.models import cli as models_cli
 
 
@@ -71,9 +73,11 @@ def _gui(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        return _gui(args)
-    return args.run(args)
+    try:
+        return _gui(args) if args.command is None else args.run(args)
+    except (EngineError, StoreError) as exc:  # any command: words, never a traceback
+        print(f"stoke: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
