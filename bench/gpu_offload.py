@@ -16,10 +16,12 @@ Runs on a machine with CUDA GPUs and the CUDA build of llama-cpp-python (see
    it the same way, and compares the expert bytes each placement keeps on the GPUs.
 
 Writes `gpu-offload.json` and `gpu-offload.md` to `--out` (after every stage, so a run cut
-short still leaves what it measured). `--probe` does one `no_alloc` load and stops (to find
-which setting crashes); on 2x H200 every load of this file in this process segfaulted in
-llama.cpp's vocab load (std::regex, resolved into libggml-cuda.so.0), with or without a plan:
-bench/results/gpu-offload-h200x2.md.
+short still leaves what it measured). An earlier run on 2x H200 segfaulted in every load of a
+file with DeepSeek's own pre-tokenizer: its std::wregex split, compiled at vocab load, crashed
+inside the CUDA build of llama-cpp-python. The file here uses the GPT-2 pre-tokenizer, which
+llama.cpp splits without std::regex (placement and memory do not depend on it), and
+`--regex-probe` loads the vocabulary of a small file with DeepSeek's pre-tokenizer in a child
+process to record whether that crash still happens.
 
     python3 bench/gpu_offload.py --out $OUT [--fit-params PATH] [--fit-wait SECONDS]
 """
@@ -27,8 +29,6 @@ bench/results/gpu-offload-h200x2.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import dataclasses
 import json
 import math
@@ -43,11 +43,6 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-# llama_cpp before numpy and gguf, in the order of the earlier CUDA runs that loaded models
-# fine: an unverified remedy for the crash in the module docstring. --make-only runs before
-# the CUDA build is installed, hence the suppress.
-with contextlib.suppress(ImportError):
-    import llama_cpp  # noqa: F401
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +100,7 @@ def make_model(path: Path) -> dict[str, Any]:
         return json.loads(done.read_text())
     start = time.perf_counter()
     synthetic_gguf._random_tensor = _fast_random(synthetic_gguf._random_tensor)
-    synthetic_gguf.write_deepseek4(path, mode="scaled", seed=0, **DIMS)
+    synthetic_gguf.write_deepseek4(path, mode="scaled", seed=0, tokenizer_pre="gpt-2", **DIMS)
     meta = {
         "path": str(path),
         "bytes": path.stat().st_size,
@@ -422,22 +417,6 @@ def write(res: dict[str, Any], out: Path) -> None:
 # -- main -------------------------------------------------------------------------------------
 
 
-def _plain_params() -> None:
-    """Load with an explicit mmap and no pinned host buffers (what the earlier CUDA runs used),
-    in case the defaults misbehave on this build."""
-    import llama_cpp
-
-    default = llama_cpp.llama_model_default_params
-
-    def params():
-        p = default()
-        p.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP
-        p.no_host = True
-        return p
-
-    llama_cpp.llama_model_default_params = params
-
-
 def stage_stoke(args, res, info, p, gpus, log, base) -> None:
     from app.engine.protocol import LoadOptions
     from app.hardware.memory import measure_dry_run
@@ -448,9 +427,6 @@ def stage_stoke(args, res, info, p, gpus, log, base) -> None:
         for d in p.devices
     }
     stoke: dict[str, Any] = {"plan": plan_to_dict(p), "predicted": predicted}
-    stoke["variant"] = ("plain-params " if args.plain_params else "engine-defaults ") + (
-        "soname-libs" if args.soname_libs else "fresh-libs"
-    )
     res["stoke"] = stoke
     print("plan", p.command, {k: v["total"] / MIB for k, v in predicted.items()}, flush=True)
     try:  # llama.cpp's own no_alloc accounting of the plan, before anything is allocated
@@ -551,43 +527,29 @@ def stage_fit(args, res, info, p, gpus, log, base) -> None:
     write(res, args.out)
 
 
-def _soname_libs() -> None:
-    """Bind app.engine.llamacpp.ggml to the ggml copies libllama itself loaded (`.so.0`, by
-    SONAME) instead of fresh copies of `libggml*.so` (pip wheels store links as files)."""
-    from app.engine.llamacpp import ggml
-
-    libs = []
-    for name in ("ggml-base", "ggml"):
-        path = ggml.LIB_DIR / f"lib{name}.so.0"
-        if path.exists():
-            libs.append(ctypes.CDLL(str(path)))
-    if not libs:
-        return
-    ggml._libs[:] = libs
-    for attr, args, res in (
-        ("ggml_backend_reg_count", [], ctypes.c_size_t),
-        ("ggml_backend_dev_count", [], ctypes.c_size_t),
-        ("ggml_backend_dev_get", [ctypes.c_size_t], ctypes.c_void_p),
-        ("ggml_backend_dev_name", [ctypes.c_void_p], ctypes.c_char_p),
-        ("ggml_backend_dev_buffer_type", [ctypes.c_void_p], ctypes.c_void_p),
-    ):
-        setattr(ggml, attr, ggml._bind(attr, args, res))
-
-
-def probe(name: str, args, p, gpus) -> None:
-    """One way of loading, in its own process (a crash ends only it): which part crashes."""
-    from app.hardware.memory import measure_dry_run
-
-    kw: dict[str, Any] = {"swa_full": False}
-    if name in ("ovr", "plan"):
-        kw["overrides"] = p.overrides
-    if name in ("ts", "plan"):
-        kw["tensor_split"] = p.tensor_split
-    if name != "plain":
-        kw["n_gpu_layers"] = p.n_gpu_layers
-    print("PROBE", name, "start", kw, flush=True)
-    dry = measure_dry_run(args.model, args.n_ctx, args.n_ubatch, **kw)
-    print("PROBE", name, "OK", json.dumps(by_device(dry, gpus)), flush=True)
+def regex_probe(out: Path) -> dict[str, Any]:
+    """Load only the vocabulary of a small file with DeepSeek's pre-tokenizer, in a child
+    process (a crash ends only it): does the CUDA build still crash in std::wregex?"""
+    path = out / "regex-probe.gguf"
+    synthetic_gguf.write_deepseek4(path, mode="scaled", n_layer=2)
+    code = (
+        "import sys, types; sys.modules.setdefault('platformdirs', types.ModuleType('p')); "
+        "from app.engine.llamacpp.backend import load_vocab; "
+        "v = load_vocab(sys.argv[1]); print('tokens', v.tokenize('Hello, world 123'))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:]])}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env,
+        timeout=120,
+    )  # fmt: skip
+    path.unlink()
+    return {
+        "pre_tokenizer": "deepseek-v3",
+        "rc": proc.returncode,
+        "crashed": proc.returncode < 0,
+        "stdout": proc.stdout[-500:],
+        "stderr_tail": proc.stderr[-1500:],
+    }
 
 
 def main() -> int:
@@ -596,11 +558,8 @@ def main() -> int:
     ap.add_argument("--model", type=Path, default=Path("/tmp/stoke-gpu/dsv4-offload.gguf"))
     ap.add_argument("--make-only", action="store_true", help="write the GGUF and stop")
     ap.add_argument("--stages", default="stoke,fit", help="stoke, fit or both (comma)")
-    ap.add_argument("--plain-params", action="store_true", help="mmap, no pinned host memory")
-    ap.add_argument("--soname-libs", action="store_true", help="ggml calls through libggml*.so.0")
-    ap.add_argument(
-        "--probe", choices=("plain", "ts", "ovr", "plan"), help="one dry load, then stop"
-    )
+    ap.add_argument("--regex-probe", action="store_true", help="see regex_probe, then go on")
+    ap.add_argument("--margin", type=float, default=0.05, help="the planner's safety margin")
     ap.add_argument("--fit-params", type=Path, help="llama.cpp's llama-fit-params binary")
     ap.add_argument("--fit-wait", type=float, default=0, help="seconds to wait for that binary")
     ap.add_argument("--fit-marker", type=Path, help="a file its build writes when it ends")
@@ -622,20 +581,14 @@ def main() -> int:
     from app.hardware.planner import DeviceBudget, plan
     from app.models.gguf_info import inspect_gguf
 
-    if args.plain_params:
-        _plain_params()
-    if args.soname_libs:
-        _soname_libs()
     args.out.mkdir(parents=True, exist_ok=True)
     stages = [s for s in args.stages.split(",") if s]
-    variant = ("-plain" if args.plain_params else "") + ("-soname" if args.soname_libs else "")
-    variant += f"-probe-{args.probe}" if args.probe else ""
-    log = FullLog(args.out / f"llama-{'-'.join(stages)}{variant}.log")
+    log = FullLog(args.out / f"llama-{'-'.join(stages)}.log")
     gpus = [name for name in buffer_types() if name != "CPU"]
     previous = args.out / "gpu-offload.json"
     res: dict[str, Any] = json.loads(previous.read_text()) if previous.exists() else {}
     res.update(
-        budget_gib=args.budget_gib, n_ctx=args.n_ctx, n_ubatch=args.n_ubatch,
+        budget_gib=args.budget_gib, margin=args.margin, n_ctx=args.n_ctx, n_ubatch=args.n_ubatch,
         prompt_tokens=args.prompt, decode_tokens=args.decode, model=model_meta,
     )  # fmt: skip
     res.setdefault("checks", {})
@@ -650,11 +603,12 @@ def main() -> int:
     info = inspect_gguf(args.model)
     p = plan(
         info, [DeviceBudget(g, int(args.budget_gib * GIB)) for g in gpus],
-        ram_bytes=ram_available(), n_ctx=args.n_ctx, n_ubatch=args.n_ubatch,
+        ram_bytes=ram_available(), n_ctx=args.n_ctx, n_ubatch=args.n_ubatch, margin=args.margin,
     )  # fmt: skip
-    if args.probe:
-        probe(args.probe, args, p, gpus)
-        return 0
+    if args.regex_probe:
+        res["regex_probe"] = probe = regex_probe(args.out)
+        write(res, args.out)
+        print("regex probe", probe["rc"], probe["stdout"], probe["stderr_tail"][-300:], flush=True)
     if "stoke" in stages:
         stage_stoke(args, res, info, p, gpus, log, base)
     if "fit" in stages:

@@ -222,7 +222,7 @@ def _vocabulary(n_vocab: int) -> tuple[list[str], list[int]]:
     return tokens, [int(t) for t in types]
 
 
-def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode) -> None:
+def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode, tokenizer_pre: str) -> None:
     a = ARCH
     ratios = [d.compress_ratio(il) for il in range(d.n_layer)]
     if mode == "full":
@@ -272,7 +272,7 @@ def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode) -> None:
     w.add_float32(f"{a}.hyper_connection.epsilon", 1e-6)
     tokens, types = _vocabulary(d.n_vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("deepseek-v3")
+    w.add_tokenizer_pre(tokenizer_pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(list(_MERGES))
@@ -328,16 +328,24 @@ def _write_random(writer: GGUFWriter, d: Dims, rng: np.random.Generator) -> None
 
 
 def write_deepseek4(
-    path: str | os.PathLike[str], *, mode: Mode, seed: int = 0, **dims: int
+    path: str | os.PathLike[str],
+    *,
+    mode: Mode,
+    seed: int = 0,
+    tokenizer_pre: str = "deepseek-v3",
+    **dims: int,
 ) -> Path:
-    """Write a deepseek4 GGUF at `path`; `dims` override fields of `Dims` for that mode."""
+    """Write a deepseek4 GGUF at `path`; `dims` override fields of `Dims` for that mode.
+
+    `tokenizer_pre` is DeepSeek's own pre-tokenizer by default; "gpt-2" splits text without
+    std::regex, which a CUDA build of llama-cpp-python crashed in while loading the vocab."""
     if mode not in ("full", "scaled"):
         raise ValueError(f"mode must be 'full' or 'scaled', not {mode!r}")
     out = Path(path)
     d = dataclasses.replace(FLASH if mode == "full" else SCALED, **dims)
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(out, ARCH)
-    _add_metadata(writer, d, mode)
+    _add_metadata(writer, d, mode, tokenizer_pre)
     if mode == "full":
         _write_sparse(writer, d)
     else:
