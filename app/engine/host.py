@@ -95,12 +95,12 @@ class EngineClient:
         self,
         options: LoadOptions,
         *,
-        backend: str = "llama.cpp",
+        backend: str | None = None,  # default: "remote" when options name a server
         on_state: StateListener | None = None,
         log_path: Path | None = None,
     ) -> None:
         self.options = options
-        self.backend = backend
+        self.backend = backend or ("remote" if options.remote else "llama.cpp")
         self.info: ModelInfo | None = None
         self.state = EngineState.STOPPED
         self.last_error = ""
@@ -115,7 +115,7 @@ class EngineClient:
         self._ready: asyncio.Future[ModelInfo] | None = None
         self._restarts: list[float] = []
         self._closing = False
-        self._tokenizer: tuple[tuple[str, str], Tokenizer] | None = None
+        self._tokenizer: tuple[tuple[str, str, str | None], Tokenizer] | None = None
         self._reader: threading.Thread | None = None
 
     def add_state_listener(self, listener: StateListener) -> None:
@@ -126,9 +126,10 @@ class EngineClient:
         """The model's tokenizer in this process (vocab only, no weights), for building
         prompts synchronously; tokenizing through the engine process would need a round trip
         per piece."""
-        key = (self.backend, self.options.model_path)
+        fingerprint = self.info.fingerprint if self.info else None
+        key = (self.backend, self.options.model_path, fingerprint)
         if self._tokenizer is None or self._tokenizer[0] != key:
-            self._tokenizer = (key, load_tokenizer(*key))
+            self._tokenizer = (key, load_tokenizer(self.backend, self.options, self.info))
         return self._tokenizer[1]
 
     @property

@@ -47,6 +47,17 @@ class FinishReason(StrEnum):
 
 
 @dataclass(frozen=True)
+class RemoteOptions:
+    """An OpenAI-compatible server that runs the model (engine "remote", engine/remote.py)."""
+
+    url: str
+    model: str | None = None  # the server's model id; None: the only (or first) one it serves
+    mode: str = "auto"  # auto | tokens | llama-server | text | chat (see engine/remote.py)
+    api_key: str | None = field(default=None, repr=False)
+    timeout_s: float = 300.0  # longest silence while waiting for the server
+
+
+@dataclass(frozen=True)
 class LoadOptions:
     """How to load a model. Backends ignore what does not apply to them."""
 
@@ -70,6 +81,9 @@ class LoadOptions:
     snapshots: bool = True  # keep KV snapshots in RAM and on disk (kvstore)
     kv_ram_budget: int = 2 << 30
     kv_disk_budget: int = 20 << 30
+    # The remote engine's server; model_path is then a local GGUF of the same model for its
+    # tokenizer and template, or "" to ask the server for them.
+    remote: RemoteOptions | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from app.engine.protocol import (
     EngineError,
     FinishReason,
     GenerationStats,
+    LoadOptions,
+    ModelInfo,
 )
 from app.engine.transcript import Tokenizer
 
@@ -46,13 +48,18 @@ class EngineState(StrEnum):
 _IMMEDIATE = frozenset({"tokenize", "detokenize"})  # answered at once, beside running work
 
 
-def load_tokenizer(backend: str, model_path: str) -> Tokenizer:
-    """The backend's tokenizer for a model, loaded without the weights."""
+def load_tokenizer(backend: str, options: LoadOptions, info: ModelInfo | None) -> Tokenizer:
+    """The backend's tokenizer for a model, loaded without the weights; `info` (the loaded
+    model, if any) says which one a remote server's prompts use."""
     if backend == "llama.cpp":
         from app.engine.llamacpp.backend import load_vocab
 
-        return load_vocab(model_path)
-    raise EngineError(f"Unknown engine {backend!r}. Available: llama.cpp.")
+        return load_vocab(options.model_path)
+    if backend == "remote":
+        from app.engine.remote import tokenizer_for
+
+        return tokenizer_for(options, info)
+    raise EngineError(f"Unknown engine {backend!r}. Available: llama.cpp, remote.")
 
 
 def make_engine(backend: str) -> Engine:
@@ -61,7 +68,11 @@ def make_engine(backend: str) -> Engine:
         from app.engine.llamacpp.backend import LlamaCppEngine
 
         return LlamaCppEngine()
-    raise EngineError(f"Unknown engine {backend!r}. Available: llama.cpp.")
+    if backend == "remote":
+        from app.engine.remote import RemoteEngine
+
+        return RemoteEngine()
+    raise EngineError(f"Unknown engine {backend!r}. Available: llama.cpp, remote.")
 
 
 # -- the child process ---------------------------------------------------------------------

@@ -1,0 +1,173 @@
+"""The remote engine drives real servers on loopback, through the whole app path: ChatSession
+over an EngineClient whose child runs app/engine/remote.py against the server.
+
+(b) `python -m llama_cpp.server` with the default model: its /v1/completions takes text only,
+so the engine runs in `text` mode; the test checks that what the server tokenizes from each
+turn is exactly Stoke's transcript, which is what its prefix cache compares.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.conversations import ConversationStore
+from app.engine.host import EngineClient
+from app.engine.protocol import LoadOptions, ModelLoadError, RemoteOptions
+from app.session import ChatSession
+
+pytestmark = pytest.mark.e2e
+
+API_KEY = "test-remote-key"
+TURNS = ("What is the capital of France?", "And of Italy?", "Name a river in that city.")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_up(url: str, process: subprocess.Popen, log: Path, key: str | None) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited: {log.read_text()[-2000:]}")
+        request = urllib.request.Request(f"{url}/v1/models")
+        if key:
+            request.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(request, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"the server did not come up: {log.read_text()[-2000:]}")
+
+
+def post(url: str, path: str, body: dict, key: str) -> dict:
+    request = urllib.request.Request(
+        url + path,
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from app.models.default import default_model_path
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("llama-cpp-server") / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(default_model_path()),
+                "--port",
+                str(port),
+                "--n_ctx",
+                "4096",
+                "--api_key",
+                API_KEY,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(url, process, log, API_KEY)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def remote_options(model_path: str, url: str, **remote: object) -> LoadOptions:
+    return LoadOptions(
+        model_path, n_ctx=4096, remote=RemoteOptions(url, **{"api_key": API_KEY, **remote})
+    )
+
+
+def test_session_over_llama_cpp_server_sends_the_exact_transcript(
+    llama_cpp_server: str, store: ConversationStore, model_path: str, run
+) -> None:
+    async def scenario() -> None:
+        client = EngineClient(remote_options(model_path, llama_cpp_server))
+        info = await client.start()
+        try:
+            assert client.backend == "remote" and info.backend == "remote"
+            session = ChatSession(store, client)
+            conversation = store.create_conversation()
+            store.set_sampling(conversation.id, {"temperature": 0.0, "max_tokens": 24})
+            tokenizer = client.local_tokenizer()
+            previous: list[int] = []
+            for turn, text in enumerate(TURNS):
+                before = session.history_tokens(conversation.id)
+                result = await session.send(conversation.id, text)
+                assert result.status == "complete", result
+                prompt = session.transcript(
+                    store.get_conversation(conversation.id),
+                    store.path_to(result.user_message_id),
+                ).prompt()
+                # each prompt extends the last one's prompt and reply, token for token
+                assert prompt[: len(previous)] == previous
+                assert prompt[: len(before)] == before
+                # what the server tokenizes from the text it got is exactly Stoke's prompt
+                sent = tokenizer.detokenize(prompt)
+                served = post(llama_cpp_server, "/extras/tokenize", {"input": sent}, API_KEY)
+                assert served["tokens"] == prompt, f"turn {turn + 1}"
+                assert result.stats.prompt_tokens == len(prompt)
+                assert result.stats.generated_tokens == len(result.token_ids) > 0
+                reply = store.get_message(result.reply_message_id)
+                assert reply.token_ids == result.token_ids
+                assert tokenizer.detokenize(reply.token_ids) == reply.content
+                previous = prompt + result.token_ids
+        finally:
+            await client.close()
+
+    run(scenario())
+
+
+def test_wrong_key_is_refused_in_words(llama_cpp_server: str, model_path: str, run) -> None:
+    async def scenario() -> None:
+        client = EngineClient(remote_options(model_path, llama_cpp_server, api_key="wrong"))
+        with pytest.raises(ModelLoadError, match="refused the API key"):
+            await client.start()
+        await client.close()
+
+    run(scenario())
+
+
+def test_unknown_model_names_what_the_server_has(
+    llama_cpp_server: str, model_path: str, run
+) -> None:
+    async def scenario() -> None:
+        client = EngineClient(remote_options(model_path, llama_cpp_server, model="no-such"))
+        with pytest.raises(ModelLoadError, match="does not serve a model named 'no-such'"):
+            await client.start()
+        await client.close()
+
+    run(scenario())
+
+
+def test_server_down_is_said_in_words(model_path: str, run) -> None:
+    async def scenario() -> None:
+        client = EngineClient(remote_options(model_path, f"http://127.0.0.1:{free_port()}"))
+        with pytest.raises(ModelLoadError, match="nothing is listening"):
+            await client.start()
+        await client.close()
+
+    run(scenario())
