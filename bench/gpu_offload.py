@@ -29,6 +29,7 @@ process to record whether that crash still happens.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -43,6 +44,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+# libllama before numpy: on the H200 machine a process that had imported numpy first
+# segfaulted in llama.cpp's first model load (std::regex at vocab load), while a child that
+# imported llama_cpp first loaded the same vocabulary. --make-only runs before the CUDA build
+# is installed, hence the suppress.
+with contextlib.suppress(ImportError):
+    import llama_cpp  # noqa: F401
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -341,7 +348,8 @@ def markdown(res: dict[str, Any]) -> str:
     if stoke.get("plan"):
         out += [f"Stoke's plan: `{stoke['plan']['command']}`", ""]
     for title, key in (
-        ("allocated by the real load", "comparison"),
+        ("allocated by the real load (plan refined by dry runs)", "comparison"),
+        ("allocated by the real load (calibrated envelope alone)", "static_comparison"),
         ("llama.cpp's no_alloc dry run of the same plan", "dry_run_comparison"),
     ):
         if not stoke.get(key):
@@ -417,16 +425,27 @@ def write(res: dict[str, Any], out: Path) -> None:
 # -- main -------------------------------------------------------------------------------------
 
 
-def stage_stoke(args, res, info, p, gpus, log, base) -> None:
+def _predicted(p) -> dict[str, dict[str, int]]:
+    return {
+        d.name: {"weights": d.weights, "kv": d.kv, "compute": d.compute, "total": d.total}
+        for d in p.devices
+    }
+
+
+def stage_stoke(args, res, info, p, static, gpus, log, base) -> None:
+    """Load `p` (the plan refined by dry runs) and run it; compare both it and `static` (the
+    calibrated envelope alone) with what the load allocated."""
     from app.engine.protocol import LoadOptions
     from app.hardware.memory import measure_dry_run
     from app.hardware.planner import load_options, plan_to_dict
 
-    predicted = {
-        d.name: {"weights": d.weights, "kv": d.kv, "compute": d.compute, "total": d.total}
-        for d in p.devices
+    predicted = _predicted(p)
+    stoke: dict[str, Any] = {
+        "plan": plan_to_dict(p),
+        "predicted": predicted,
+        "static_plan": plan_to_dict(static),
+        "static_expert_bytes_gpu": static.expert_bytes_gpu,
     }
-    stoke: dict[str, Any] = {"plan": plan_to_dict(p), "predicted": predicted}
     res["stoke"] = stoke
     print("plan", p.command, {k: v["total"] / MIB for k, v in predicted.items()}, flush=True)
     try:  # llama.cpp's own no_alloc accounting of the plan, before anything is allocated
@@ -447,6 +466,7 @@ def stage_stoke(args, res, info, p, gpus, log, base) -> None:
     stoke["run"] = run
     if parsed is not None:
         stoke["comparison"] = compare(predicted, run["actual"])
+        stoke["static_comparison"] = compare(_predicted(static), run["actual"])
         placement = expert_placement(info, parsed)
         stoke["expert_placement_actual"] = placement
         stoke["expert_bytes_gpu_actual"] = gpu_bytes(placement, gpus)
@@ -578,7 +598,7 @@ def main() -> int:
     import llama_cpp
 
     from app.engine.llamacpp.overrides import buffer_types
-    from app.hardware.planner import DeviceBudget, plan
+    from app.hardware.planner import DeviceBudget, dry_run_compute, plan, refine
     from app.models.gguf_info import inspect_gguf
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -601,16 +621,20 @@ def main() -> int:
         "python": platform.python_version(),
     }
     info = inspect_gguf(args.model)
-    p = plan(
-        info, [DeviceBudget(g, int(args.budget_gib * GIB)) for g in gpus],
-        ram_bytes=ram_available(), n_ctx=args.n_ctx, n_ubatch=args.n_ubatch, margin=args.margin,
-    )  # fmt: skip
+    budgets = [DeviceBudget(g, int(args.budget_gib * GIB)) for g in gpus]
+    asked = {
+        "ram_bytes": ram_available(), "n_ctx": args.n_ctx, "n_ubatch": args.n_ubatch,
+        "margin": args.margin,
+    }  # fmt: skip
+    p = plan(info, budgets, **asked)
     if args.regex_probe:
         res["regex_probe"] = probe = regex_probe(args.out)
         write(res, args.out)
         print("regex probe", probe["rc"], probe["stdout"], probe["stderr_tail"][-300:], flush=True)
     if "stoke" in stages:
-        stage_stoke(args, res, info, p, gpus, log, base)
+        static = p
+        p = refine(info, budgets, dry_run_compute, **asked)
+        stage_stoke(args, res, info, p, static, gpus, log, base)
     if "fit" in stages:
         stage_fit(args, res, info, p, gpus, log, base)
     write(res, args.out)

@@ -298,6 +298,7 @@ COMPUTE_CALIBRATION: dict[str, str] = {
     "gpu_all_output": "the same grid, the GPU with the output layer (logits added); mean +1.6%",
     "host": "CUDA_Host buffer of the same runs; within 0.4%",
     "host_all": "CUDA_Host buffer with every tensor on the GPUs; within 0.4%",
+    "measured": "llama.cpp's own dry run (no_alloc) of this plan on this machine",
     "uncalibrated": "no llama.cpp measurement for this model or backend: a structural estimate",
 }
 

@@ -15,7 +15,15 @@ from pathlib import Path
 
 from app.engine.protocol import EngineError
 from app.hardware.memory import GIB, KV_TYPES
-from app.hardware.planner import PROFILES, DeviceBudget, Plan, plan, plan_to_dict
+from app.hardware.planner import (
+    PROFILES,
+    DeviceBudget,
+    Plan,
+    dry_run_compute,
+    plan,
+    plan_to_dict,
+    refine,
+)
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _NAMES = {"cuda": "CUDA", "rocm": "ROCm", "hip": "ROCm", "metal": "MTL", "vulkan": "Vulkan"}
@@ -125,18 +133,26 @@ def run(args: argparse.Namespace) -> int:
 
         ram = _memory().available
     n_ctx = args.ctx or min(65_536, info.context_length or 65_536)
-    try:
-        result = plan(
-            info,
-            devices,
-            ram_bytes=ram,
-            n_ctx=n_ctx,
-            n_ubatch=args.ubatch,
-            kv_type=args.kv_type,
-            profile=args.profile,
-            margin=args.margin,
+    if args.measure and args.devices is not None:
+        print(
+            "stoke plan: --measure runs on this machine's GPUs; leave out --devices",
+            file=sys.stderr,
         )
-    except ValueError as exc:
+        return 2
+    asked = {
+        "ram_bytes": ram,
+        "n_ctx": n_ctx,
+        "n_ubatch": args.ubatch,
+        "kv_type": args.kv_type,
+        "profile": args.profile,
+        "margin": args.margin,
+    }
+    try:
+        if args.measure and devices:
+            result = refine(info, devices, dry_run_compute, **asked)
+        else:
+            result = plan(info, devices, **asked)
+    except (ValueError, RuntimeError) as exc:
         print(f"stoke plan: {exc}", file=sys.stderr)
         return 2
     if args.json:
@@ -170,6 +186,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--profile", choices=PROFILES, default="balanced")
     parser.add_argument(
         "--margin", type=float, default=0.05, help="safety fraction of each budget (0.05)"
+    )
+    parser.add_argument(
+        "--measure",
+        action="store_true",
+        help="check the compute buffers with llama.cpp's own dry run here, and repack",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(run=run)

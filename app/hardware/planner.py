@@ -29,7 +29,7 @@ import math
 import re
 import shlex
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -43,6 +43,7 @@ from app.hardware.memory import (
     compute_bytes,
     is_dsv4,
     kv_cache,
+    measure_dry_run,
     staging_bytes,
 )
 from app.models.gguf_info import GGUFInfo, TensorInfo
@@ -67,6 +68,9 @@ class DeviceBudget:
     budget: int
     backend: str = "cuda"
     description: str = ""
+    # (micro-batch, bytes): this device's compute buffer as llama.cpp's own dry run of a plan
+    # measured it on this machine (`refine`); used instead of the calibrated envelope.
+    measured_compute: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -293,6 +297,9 @@ def _compute(
         else:
             role = "gpu_all_output" if i == output_gpu else "gpu_all"
         size, source = compute_bytes(info, shape, role, backend=gpu.backend, staging=staged)
+        measured = dict(gpu.measured_compute).get(shape.n_ubatch)
+        if host_weights and measured is not None:  # measured with experts in RAM, as here
+            size, source = measured, "measured"
         sizes.append(size)
         sources.append(source)
     host_role: ComputeRole = "host" if host_weights else "host_all"
@@ -607,8 +614,8 @@ def _assemble(
     if "uncalibrated" in sources:
         warnings.append(
             "The compute buffers of this model or backend were never measured: they are a "
-            "structural estimate. Check the plan with a dry run on the machine (stoke plan "
-            "on it, or llama.cpp's log) before relying on the last gigabyte."
+            "structural estimate. `stoke plan --measure` on the machine checks them with "
+            "llama.cpp's own dry run and packs the experts again."
         )
     if shape.n_seq_max > 1:
         warnings.append(
@@ -718,6 +725,43 @@ def plan(
             ),
         )  # fmt: skip
     return result
+
+
+def refine(
+    info: GGUFInfo,
+    devices: Sequence[DeviceBudget],
+    measure: Callable[[Plan], Mapping[str, int]],
+    **kwargs,
+) -> Plan:
+    """`plan`, then checked by llama.cpp itself: `measure` (normally `dry_run_compute`, a
+    `no_alloc` load of the plan on this machine) gives each GPU's real compute buffer, which
+    replaces the calibrated upper envelope, and the experts are packed again into the room
+    that frees. Repeated until a dry run confirms every compute buffer (at most 3 times)."""
+    p = plan(info, devices, **kwargs)
+    seen: dict[str, int] = {}
+    for _ in range(3):
+        got = measure(p)
+        gpus = [d for d in p.devices if d.name != "CPU"]
+        if seen and all(got.get(d.name, 0) <= d.compute for d in gpus):
+            break
+        for name, size in got.items():
+            seen[name] = max(size, seen.get(name, 0))
+        devices = [
+            replace(d, measured_compute=((p.n_ubatch, seen[d.name]),)) if d.name in seen else d
+            for d in devices
+        ]
+        p = plan(info, devices, **{**kwargs, "n_ubatch": p.n_ubatch})
+    return p
+
+
+def dry_run_compute(p: Plan) -> dict[str, int]:
+    """Each device's compute buffer for `p` as llama.cpp allocates it here (a dry run)."""
+    parsed = measure_dry_run(
+        p.model, p.n_ctx, p.n_ubatch, p.flash_attn, kv_type=p.kv_type, n_seq_max=p.n_seq_max,
+        swa_full=p.swa_full, kv_offload=p.kv_offload, overrides=p.overrides,
+        tensor_split=p.tensor_split or None, n_gpu_layers=p.n_gpu_layers,
+    )  # fmt: skip
+    return {name: int(size) for name, size in parsed["compute"].items()}  # type: ignore[union-attr]
 
 
 def _best(

@@ -34,6 +34,7 @@ from app.hardware.planner import (
     load_options,
     plan,
     plan_to_dict,
+    refine,
 )
 from app.hardware.synthetic_gguf import write_deepseek4
 from app.models.default import default_model_path
@@ -304,3 +305,38 @@ def test_detect_reports_this_machine() -> None:
     assert all(g.memory_total >= g.memory_free >= 0 for g in hw.gpus)
     meminfo = "MemTotal:       16384000 kB\nMemFree: 1000 kB\nMemAvailable:    8192000 kB\n"
     assert _meminfo(meminfo) == MemoryInfo(16_384_000 * 1024, 8_192_000 * 1024)
+
+
+def test_refine_packs_experts_into_what_a_dry_run_frees(flash: GGUFInfo) -> None:
+    """A dry run that finds smaller compute buffers than the envelope lets `refine` place
+    more experts; the refined plan still obeys llama.cpp's rules and fits by its own model,
+    and it stops once a dry run confirms its numbers."""
+    box = gpus(2, 24 * GIB)
+    asked = {"ram_bytes": 256 * GIB, "n_ctx": 65_536, "n_ubatch": 2048}
+    static = plan(flash, box, **asked)
+    calls: list[Plan] = []
+
+    def measure(p: Plan) -> dict[str, int]:  # llama.cpp's dry run, as the H200 run found it
+        calls.append(p)
+        return {d.name: int(d.compute * 0.6) for d in static.devices if d.name != "CPU"}
+
+    refined = refine(flash, box, measure, **asked)
+    check(refined, flash)
+    assert refined.fits and refined.n_ubatch == 2048
+    assert refined.expert_bytes_gpu > static.expert_bytes_gpu
+    assert {d.compute_source for d in refined.devices if d.name != "CPU"} == {"measured"}
+    assert [d.compute for d in refined.devices[:-1]] == [
+        int(d.compute * 0.6) for d in static.devices[:-1]
+    ]
+    assert len(calls) == 2  # the plan, then the refined plan confirmed
+
+
+def test_refine_gives_back_room_when_a_dry_run_finds_more(flash: GGUFInfo) -> None:
+    box = gpus(2, 24 * GIB)
+    asked = {"ram_bytes": 256 * GIB, "n_ctx": 65_536, "n_ubatch": 2048}
+    static = plan(flash, box, **asked)
+    bigger = {d.name: d.compute + 3 * EXPERT_TENSOR for d in static.devices if d.name != "CPU"}
+    refined = refine(flash, box, lambda p: bigger, **asked)
+    check(refined, flash)
+    assert refined.fits
+    assert refined.expert_bytes_gpu < static.expert_bytes_gpu
