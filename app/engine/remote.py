@@ -99,8 +99,10 @@ class _Reply:
     """What one streamed request has produced so far."""
 
     tokens: list[int]
-    prompt_tokens: int | None = None
+    prompt_tokens: int | None = None  # as the server counts them, where it says
     cached_tokens: int | None = None
+    generated_tokens: int | None = None
+    pieces: int = 0  # streamed text pieces: about one token each
     finish: FinishReason = FinishReason.LENGTH
 
 
@@ -327,9 +329,12 @@ class RemoteEngine:
         self._sent[slot] = [*tokens, *reply.tokens]
         end = last_at or time.perf_counter()
         ttft = (first_at or end) - start
-        prompt = reply.prompt_tokens or len(tokens)
+        # a chat-mode transcript counts bytes: without the server's numbers, say 0 prompt
+        # tokens and count streamed pieces rather than pass bytes off as tokens
+        chat = self.mode == WireMode.CHAT
+        prompt = reply.prompt_tokens or (0 if chat else len(tokens))
         cached = min(reply.cached_tokens or 0, prompt)
-        generated = len(reply.tokens)
+        generated = reply.generated_tokens or (reply.pieces if chat else len(reply.tokens))
         decode_s = end - (first_at or end)
         yield GenerationStats(
             prompt_tokens=prompt,
@@ -401,6 +406,7 @@ class RemoteEngine:
         usage = event.get("usage")
         if isinstance(usage, dict):
             reply.prompt_tokens = usage.get("prompt_tokens") or reply.prompt_tokens
+            reply.generated_tokens = usage.get("completion_tokens") or reply.generated_tokens
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and details.get("cached_tokens") is not None:
                 reply.cached_tokens = int(details["cached_tokens"])
@@ -414,6 +420,7 @@ class RemoteEngine:
             text = (choice.get("delta") or {}).get("content") or ""
         else:
             text = choice.get("text") or ""
+        reply.pieces += bool(text)
         ids = choice.get("token_ids")
         if isinstance(ids, list):
             return _pair(ids, text, self._tokenizer, decoder)

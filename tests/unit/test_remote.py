@@ -206,6 +206,7 @@ def test_chat_mode_sends_messages_and_reports_the_servers_numbers(server) -> Non
     assert "".join(t.text for t in tokens) == "Bonjour"
     assert bytes(t.token_id for t in tokens) == b"Bonjour"
     assert (stats.prompt_tokens, stats.reused_tokens, stats.prefilled_tokens) == (30, 20, 10)
+    assert stats.generated_tokens == 2  # streamed pieces, not bytes
     assert stats.finish_reason == FinishReason.STOP
     body = script.requests[-1][2]
     assert body["messages"] == [{"role": "user", "content": "Hi"}]
