@@ -11,6 +11,7 @@ from app.cli import chat
 from app.conversations import StoreError
 from app.engine.protocol import EngineError
 from app.models import cli as models_cli
+from app.server import cli as serve_cli
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     chat.add_parser(subparsers)
     models_cli.add_parser(subparsers)
+    serve_cli.add_parser(subparsers)
     doctor = subparsers.add_parser("doctor", help="versions, paths, devices, engine checks")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(run=_doctor)

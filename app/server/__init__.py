@@ -1,0 +1,1 @@
+"""The local OpenAI-compatible API server over the app's engine host (see app.py)."""

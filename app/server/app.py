@@ -1,0 +1,629 @@
+"""The OpenAI-compatible HTTP API over the app's engine host (aiohttp, on the app's loop).
+
+Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (each streaming as
+server-sent events or not). The server shares the EngineClient the window uses, so it runs
+on the same asyncio loop and the engine process serialises its work with the GUI's.
+
+What makes it more than a proxy: a chat history is turned into tokens by the app's
+Transcript with the exact ids of this server's earlier replies (replay.py), and each client
+conversation keeps its own KV sequence (slots.py), so a stateless client's follow-up turn
+prefills only what is new, as the window's turns do. `usage.prompt_tokens_details.
+cached_tokens` reports the prompt tokens whose KV was reused.
+
+Token-id contract (vLLM-compatible, what app/engine/remote.py relies on): /v1/completions
+takes `prompt` as a list of token ids, used as is (no BOS added); with
+`"return_token_ids": true` each choice, streamed or not, carries `token_ids` (the sampled
+ids of that choice or chunk) and the response carries `prompt_token_ids` at top level (the
+first chunk, when streaming).
+
+Limits: bodies over `max_body_bytes` get 413; more than `max_in_flight` requests at once
+get 429; a prompt that does not fit the context gets 400 with both numbers. A client that
+disconnects mid-reply cancels its generation, so the engine is free for the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from app.engine.chat_template import ChatTemplate, TemplateError
+from app.engine.host import EngineClient, EngineCrashedError, Generation
+from app.engine.protocol import (
+    ContextOverflowError,
+    EngineError,
+    FinishReason,
+    GenerationStats,
+    ModelInfo,
+)
+from app.engine.transcript import Transcript
+from app.engine.worker import Priority
+from app.server import auth
+from app.server.replay import THINK_OPEN, ReasoningSplitter, ReplyStore, split_reasoning
+from app.server.schema import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    GenerationParams,
+    parse_chat,
+    parse_completion,
+)
+from app.server.slots import SlotMap
+
+logger = logging.getLogger("stoke.server")
+
+DEFAULT_PORT = 8484
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    api_key: str
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT  # 0: any free port (ApiServer.port says which)
+    cors_origins: tuple[str, ...] = ()  # none: browsers may not call it; "*" for any
+    max_body_bytes: int = 8 << 20
+    max_in_flight: int = 16
+
+
+@dataclass
+class ServerStats:
+    """Counters for the settings page and the tests."""
+
+    requests: int = 0
+    completed: int = 0
+    disconnected: int = 0  # the client left mid-reply; its generation was cancelled
+    rejected: int = 0  # answered with an error
+    in_flight: int = 0
+
+
+@dataclass
+class _Job:
+    """One generation request, whichever endpoint it came from."""
+
+    kind: str  # "chat" | "completion"
+    params: GenerationParams
+    prompt: list[int]
+    reasoning_opened: bool = False
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class _Reply:
+    """A reply as it streams: text and ids, cut at the first stop sequence."""
+
+    stops: tuple[str, ...]
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)  # len(text) after each token
+    sent: int = 0  # characters of text handed out
+    stopped: bool = False  # a stop sequence ended it
+    stats: GenerationStats | None = None  # the engine's numbers, once it has finished
+
+    def add(self, token_id: int, piece: str) -> str:
+        """Take one token; returns the text now safe to send."""
+        self.tokens.append(token_id)
+        self.text += piece
+        self.ends.append(len(self.text))
+        hold = 0
+        if self.stops:
+            longest = max(len(s) for s in self.stops)
+            window = max(0, self.sent - longest)
+            hits = [i for s in self.stops if (i := self.text.find(s, window)) >= 0]
+            if hits:
+                self.text, self.stopped = self.text[: min(hits)], True
+            else:
+                hold = longest - 1
+        safe = max(self.sent, len(self.text) - hold)
+        out, self.sent = self.text[self.sent : safe], safe
+        return out
+
+    def finish(self) -> str:
+        out, self.sent = self.text[self.sent :], len(self.text)
+        return out
+
+    def exact_tokens(self) -> list[int] | None:
+        """The ids whose text is exactly the reply's text; None when a stop sequence began
+        inside a token (no ids spell the text the client saw)."""
+        if not self.stopped:
+            return self.tokens
+        if not self.text:
+            return []
+        with contextlib.suppress(ValueError):
+            return self.tokens[: self.ends.index(len(self.text)) + 1]
+        return None
+
+    def kept_tokens(self) -> list[int]:
+        """The ids the next turn can build on: the exact ones, else those wholly before
+        the stop sequence."""
+        exact = self.exact_tokens()
+        return (
+            exact if exact is not None else self.tokens[: bisect.bisect(self.ends, len(self.text))]
+        )
+
+
+class ApiServer:
+    """The server: start() binds and serves on the running loop, stop() ends it."""
+
+    def __init__(self, engine: EngineClient, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.replies = ReplyStore()
+        self.slots = SlotMap()
+        self.stats = ServerStats()
+        self.port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._opened: dict[tuple, bool] = {}  # template key -> generation prompt opens <think>
+
+    @property
+    def model_id(self) -> str:
+        """The id clients name: the model file's name (or, for a model without a local
+        file, the loaded model's)."""
+        path = self.engine.options.model_path
+        if path:
+            return Path(path).name.removesuffix(".gguf")
+        return self.engine.info.name if self.engine.info else "stoke"
+
+    @property
+    def url(self) -> str:
+        host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
+        return f"http://{host}:{self.port}/v1"
+
+    async def start(self) -> str:
+        """Bind and serve; returns the base URL. Raises OSError when the port is taken."""
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes,
+            middlewares=[self._errors, self._auth],
+        )
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.config.host, self.config.port).start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = runner.addresses[0][1]
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    # -- middleware: errors in OpenAI's shape, CORS, the key --------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except ApiError as exc:
+            response = self._error_response(exc)
+        except web.HTTPException as exc:  # aiohttp's own: no such route, wrong method, 413
+            response = self._error_response(_http_error(exc))
+        except EngineError as exc:
+            response = self._error_response(_engine_error(exc))
+        except Exception as exc:  # never a traceback to the client; the log has it
+            logger.exception("request %s %s failed", request.method, request.path)
+            response = self._error_response(
+                ApiError(
+                    500, f"The server failed: {type(exc).__name__}: {exc}", kind="server_error"
+                )
+            )
+        if not response.prepared:
+            response.headers.update(self._cors_headers(request))
+        return response
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method == "OPTIONS" and self.config.cors_origins:
+            return web.Response(status=204, headers=self._cors_headers(request, preflight=True))
+        if not auth.authorized(request.headers.get("Authorization"), self.config.api_key):
+            raise ApiError(
+                401,
+                "Missing or wrong API key. Send it as 'Authorization: Bearer KEY'; Stoke shows "
+                "it in Settings > API server, and `stoke serve --show-key` prints it.",
+                code="invalid_api_key",
+            )
+        return await handler(request)
+
+    def _cors_headers(self, request: web.Request, *, preflight: bool = False) -> dict[str, str]:
+        origin = request.headers.get("Origin")
+        allowed = self.config.cors_origins
+        if not origin or not ("*" in allowed or origin in allowed):
+            return {}
+        headers = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        if preflight:
+            headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+            headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            headers["Access-Control-Max-Age"] = "600"
+        return headers
+
+    def _error_response(self, error: ApiError) -> web.Response:
+        self.stats.rejected += 1
+        return web.json_response(error.body(), status=error.status)
+
+    # -- routes ------------------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        info = self.engine.info
+        entry = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "stoke"}
+        if info is not None:
+            entry["context_length"] = info.n_ctx
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        chat = parse_chat(await self._body(request))
+        info = await self._ready(chat.params)
+        template = ChatTemplate(
+            info.chat_template,
+            bos_token=info.bos_token,
+            eos_token=info.eos_token,
+            variables=chat.template_variables,
+        )
+        try:
+            prompt = self._chat_prompt(chat, template, info)
+        except TemplateError as exc:
+            raise ApiError(400, f"The model's chat template refused these messages: {exc}") from exc
+        job = _Job("chat", chat.params, prompt, reasoning_opened=self._opens_reasoning(template))
+        return await self._generate(request, job, info)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        completion = parse_completion(await self._body(request))
+        info = await self._ready(completion.params)
+        return await self._generate(
+            request, _Job("completion", completion.params, self._raw_prompt(completion, info)), info
+        )
+
+    # -- building prompts --------------------------------------------------------------------
+
+    def _chat_prompt(self, chat: ChatRequest, template: ChatTemplate, info: ModelInfo) -> list[int]:
+        """The history as the window would send it: template segments, and this server's
+        replies as their exact sampled ids where the store recognises them."""
+        transcript = Transcript(
+            template,
+            self.engine.local_tokenizer(),
+            info.fingerprint,
+            bos_id=info.bos_id,
+            add_bos=info.add_bos,
+        )
+        for message in chat.messages:
+            if message.role != "assistant":
+                transcript.add_message(message.role, message.text)
+                continue
+            stored = self.replies.find(message.text, message.reasoning)
+            if stored is None:
+                transcript.add_reply(message.text)
+            else:
+                transcript.add_reply(message.text, stored.tokens, stored.fingerprint)
+        return transcript.prompt()
+
+    def _raw_prompt(self, completion: CompletionRequest, info: ModelInfo) -> list[int]:
+        if isinstance(completion.prompt, tuple):
+            bad = [t for t in completion.prompt if not 0 <= t < info.n_vocab]
+            if bad:
+                raise ApiError(
+                    400,
+                    f"`prompt` holds token ids outside the vocabulary (0 to {info.n_vocab - 1}): "
+                    f"{bad[:5]}",
+                    param="prompt",
+                )
+            return list(completion.prompt)
+        tokens = self.engine.local_tokenizer().tokenize(completion.prompt, special=True)
+        bos = [info.bos_id] if info.add_bos and info.bos_id is not None else []
+        return bos + tokens
+
+    def _opens_reasoning(self, template: ChatTemplate) -> bool:
+        """Whether the template's generation prompt ends inside `<think>` (the reply then
+        starts with reasoning and only closes the tag)."""
+        if template.key not in self._opened:
+            probe = template.render([{"role": "user", "content": "x"}], add_generation_prompt=True)
+            self._opened[template.key] = probe.rstrip().endswith(THINK_OPEN)
+        return self._opened[template.key]
+
+    # -- generation --------------------------------------------------------------------------
+
+    async def _generate(
+        self, request: web.Request, job: _Job, info: ModelInfo
+    ) -> web.StreamResponse:
+        if len(job.prompt) >= info.n_ctx:
+            raise ApiError(
+                400,
+                f"The prompt is {len(job.prompt):,} tokens but the model's context holds "
+                f"{info.n_ctx:,} (prompt and reply together). Leave out the oldest messages, "
+                "or load the model with a larger context.",
+                param="messages" if job.kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        if self.stats.in_flight >= self.config.max_in_flight:
+            raise ApiError(
+                429,
+                f"The server is busy with {self.stats.in_flight} requests; try again shortly.",
+                kind="rate_limit_error",
+                code="too_many_requests",
+            )
+        self.stats.requests += 1
+        self.stats.in_flight += 1
+        slot = self.slots.acquire(job.prompt)
+        held = list(job.prompt)  # what the slot holds when this request ends
+        try:
+            if job.params.stream:
+                return await self._stream(request, job, slot, held)
+            return await self._whole(job, slot, held)
+        except asyncio.CancelledError:  # the client disconnected (aiohttp cancels the handler)
+            self._client_left(job)
+            raise
+        finally:
+            self.stats.in_flight -= 1
+            self.slots.release(slot, held)
+
+    async def _run(
+        self, job: _Job, slot: str, held: list[int], reply: _Reply
+    ) -> AsyncIterator[tuple[str, list[int]]]:
+        """Drive the engine: yields (text now safe to send, ids sampled since the last
+        yield); afterwards `reply` holds the whole reply and its stats. Closing it early (a
+        disconnect) cancels the generation, so the engine is free at once."""
+        if job.params.max_tokens == 0:
+            reply.stats = await self.engine.prefill(job.prompt, slot=slot, priority=Priority.USER)
+            return
+        room = self.engine.info.n_ctx - len(job.prompt)
+        limit = job.params.max_tokens
+        generation: Generation = await self.engine.generate(
+            job.prompt,
+            job.params.sampling,
+            room if limit is None else min(limit, room),
+            slot=slot,
+            priority=Priority.USER,
+        )
+        try:
+            async for event in generation:
+                if reply.stopped:
+                    continue  # cancelled at a stop sequence; the engine is winding down
+                piece = reply.add(event.token_id, event.text)
+                if reply.stopped:
+                    generation.cancel()
+                yield piece, [event.token_id]
+            yield reply.finish(), []
+            reply.stats = generation.stats
+        finally:
+            if generation.stats is None:
+                generation.cancel()
+            held.extend(reply.kept_tokens())
+
+    async def _whole(self, job: _Job, slot: str, held: list[int]) -> web.Response:
+        reply = _Reply(job.params.stop)
+        async with contextlib.aclosing(self._run(job, slot, held, reply)) as events:
+            async for _ in events:
+                pass
+        reasoning, content = self._finish_reply(job, reply)
+        choice: dict[str, Any] = {"index": 0}
+        if job.kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            choice["message"] = message
+        else:
+            choice["text"] = reply.text
+        choice["logprobs"] = None
+        choice["finish_reason"] = _finish_reason(reply)
+        if job.params.return_token_ids:
+            choice["token_ids"] = reply.tokens
+        body = self._envelope(job, chunk=False)
+        body["choices"] = [choice]
+        body["usage"] = _usage(reply)
+        if job.params.return_token_ids:
+            body["prompt_token_ids"] = job.prompt
+        return web.json_response(body)
+
+    async def _stream(
+        self, request: web.Request, job: _Job, slot: str, held: list[int]
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                **self._cors_headers(request),
+            }
+        )
+        await response.prepare(request)
+        chat = job.kind == "chat"
+        splitter = ReasoningSplitter(opened=job.reasoning_opened) if chat else None
+        reply = _Reply(job.params.stop)
+
+        async def send(
+            text: str = "",
+            reasoning: str = "",
+            ids: list[int] | None = None,
+            *,
+            finish: str | None = None,
+            first: bool = False,
+        ) -> None:
+            body = self._envelope(job, chunk=True)
+            choice: dict[str, Any] = {"index": 0}
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+                if text:
+                    delta["content"] = text
+                if reasoning:
+                    delta["reasoning_content"] = reasoning
+                choice["delta"] = delta
+            else:
+                choice["text"] = text
+            choice["logprobs"] = None
+            choice["finish_reason"] = finish
+            if job.params.return_token_ids:
+                choice["token_ids"] = ids or []
+                if first:
+                    body["prompt_token_ids"] = job.prompt
+            body["choices"] = [choice]
+            await _write_event(response, body)
+
+        try:
+            await send(first=True)
+            async with contextlib.aclosing(self._run(job, slot, held, reply)) as events:
+                async for piece, ids in events:
+                    reasoning, text = splitter.feed(piece) if splitter else ("", piece)
+                    if text or reasoning or (ids and job.params.return_token_ids):
+                        await send(text, reasoning, ids)
+            if splitter is not None:
+                reasoning, text = splitter.finish()
+                if text or reasoning:
+                    await send(text, reasoning)
+            self._finish_reply(job, reply)
+            await send(finish=_finish_reason(reply))
+            if job.params.include_usage:
+                body = self._envelope(job, chunk=True)
+                body["choices"] = []
+                body["usage"] = _usage(reply)
+                await _write_event(response, body)
+            await response.write(b"data: [DONE]\n\n")
+        except ConnectionResetError:
+            self._client_left(job)
+        except (ApiError, EngineError) as exc:  # headers are sent: the error goes in the stream
+            error = exc if isinstance(exc, ApiError) else _engine_error(exc)
+            self.stats.rejected += 1
+            with contextlib.suppress(ConnectionResetError):
+                await _write_event(response, error.body())
+                await response.write(b"data: [DONE]\n\n")
+        return response
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise _too_large(request.content_length, limit)
+        try:
+            body = await request.json()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise _too_large(None, limit) from exc
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"The request body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise ApiError(400, "The request body must be a JSON object.")
+        return body
+
+    async def _ready(self, params: GenerationParams) -> ModelInfo:
+        if params.model != self.model_id:
+            raise ApiError(
+                404,
+                f"The model {params.model!r} does not exist here; this server has "
+                f"{self.model_id!r} (see /v1/models).",
+                param="model",
+                code="model_not_found",
+            )
+        return await self.engine.ready()
+
+    def _envelope(self, job: _Job, *, chunk: bool) -> dict[str, Any]:
+        if job.kind == "chat":
+            obj, prefix = ("chat.completion.chunk" if chunk else "chat.completion"), "chatcmpl-"
+        else:
+            obj, prefix = "text_completion", "cmpl-"
+        return {
+            "id": prefix + job.id,
+            "object": obj,
+            "created": job.created,
+            "model": self.model_id,
+        }
+
+    def _finish_reply(self, job: _Job, reply: _Reply) -> tuple[str, str]:
+        """Count and log a finished reply and keep a chat reply's exact ids under the text
+        the client saw; returns its (reasoning, content)."""
+        self.stats.completed += 1
+        stats = reply.stats
+        if stats is not None:
+            logger.info(
+                "%s %s: prompt %d (cached %d), generated %d, ttft %.3f s",
+                job.kind,
+                job.id,
+                stats.prompt_tokens,
+                stats.reused_tokens,
+                len(reply.tokens),
+                stats.ttft_s,
+            )
+        if job.kind != "chat":
+            return "", reply.text
+        reasoning, content = split_reasoning(reply.text, opened=job.reasoning_opened)
+        exact = reply.exact_tokens()
+        if exact is not None and job.params.max_tokens != 0:
+            self.replies.put(
+                reply.text,
+                exact,
+                self.engine.info.fingerprint,
+                reasoning=reasoning,
+                content=content,
+            )
+        return reasoning, content
+
+    def _client_left(self, job: _Job) -> None:
+        self.stats.disconnected += 1
+        logger.info("%s %s: the client left; its generation was cancelled", job.kind, job.id)
+
+
+async def _write_event(response: web.StreamResponse, body: dict[str, Any]) -> None:
+    await response.write(f"data: {json.dumps(body)}\n\n".encode())
+
+
+def _finish_reason(reply: _Reply) -> str:
+    stats = reply.stats
+    if reply.stopped or stats is None or stats.finish_reason == FinishReason.STOP:
+        return "stop"
+    return "length"
+
+
+def _usage(reply: _Reply) -> dict[str, Any]:
+    stats = reply.stats
+    prompt = stats.prompt_tokens if stats else 0
+    generated = len(reply.tokens)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": generated,
+        "total_tokens": prompt + generated,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens if stats else 0},
+    }
+
+
+def _too_large(size: int | None, limit: int) -> ApiError:
+    actual = f" ({size:,} bytes)" if size is not None else ""
+    return ApiError(
+        413,
+        f"The request body is too large{actual}: this server takes up to {limit:,} bytes.",
+        code="request_too_large",
+    )
+
+
+def _http_error(exc: web.HTTPException) -> ApiError:
+    if exc.status == 413:
+        return ApiError(413, exc.text or "The request body is too large.", code="request_too_large")
+    if exc.status == 404:
+        return ApiError(
+            404,
+            "No such endpoint; this server has /v1/models, "
+            "/v1/chat/completions and /v1/completions.",
+            code="not_found",
+        )
+    if exc.status == 405:
+        return ApiError(405, f"{exc.reason}: check the HTTP method.", code="method_not_allowed")
+    return ApiError(exc.status, exc.reason)
+
+
+def _engine_error(exc: EngineError) -> ApiError:
+    if isinstance(exc, ContextOverflowError):
+        return ApiError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, EngineCrashedError):
+        return ApiError(503, str(exc), kind="server_error", code="engine_restarting")
+    return ApiError(503, str(exc), kind="server_error", code="engine_error")

@@ -1,0 +1,101 @@
+"""`stoke serve`: the OpenAI-compatible API on this machine, until Ctrl+C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from app import paths
+from app.cli import chat
+from app.engine.host import EngineClient
+from app.server import auth
+from app.server.app import DEFAULT_PORT, ApiServer, ServerConfig
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", help="an OpenAI-compatible API on this machine")
+    chat.add_model_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (0: any free one)")
+    parser.add_argument(
+        "--api-key", metavar="KEY", help=f"the key clients must send (or set {auth.ENV_VAR})"
+    )
+    parser.add_argument(
+        "--cors", metavar="ORIGIN", nargs="+", default=(), help="web origins allowed ('*': any)"
+    )
+    parser.add_argument("--max-in-flight", type=int, default=16, help="requests at once")
+    parser.add_argument("--max-body-mib", type=float, default=8.0, help="largest request body")
+    parser.add_argument("--show-key", action="store_true", help="print the API key and exit")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    key = auth.resolve(args.api_key)
+    if args.show_key:
+        if key.source == "memory":
+            print(
+                "stoke: there is no system keychain, so each `stoke serve` makes a new key; "
+                f"choose one with --api-key or {auth.ENV_VAR}.",
+                file=sys.stderr,
+            )
+            return 1
+        print(key.value)
+        return 0
+    config = ServerConfig(
+        api_key=key.value,
+        host=args.host,
+        port=args.port,
+        cors_origins=tuple(args.cors),
+        max_body_bytes=int(args.max_body_mib * (1 << 20)),
+        max_in_flight=max(1, args.max_in_flight),
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(_serve(args, config, key))
+    return 0
+
+
+async def _serve(args: argparse.Namespace, config: ServerConfig, key: auth.ApiKey) -> int:
+    engine = EngineClient(chat.load_options(args), log_path=paths.cache_dir() / "engine.log")
+    print(f"Loading {engine.options.model_path} ...", file=sys.stderr)
+    await engine.start()
+    server = ApiServer(engine, config)
+    try:
+        url = await server.start()
+    except OSError as exc:
+        await engine.close()
+        print(
+            f"stoke: cannot listen on {config.host}:{config.port}: {exc.strerror}.", file=sys.stderr
+        )
+        print("Choose another port with --port.", file=sys.stderr)
+        return 1
+    print(f"Serving {server.model_id} at {url}", flush=True)
+    if key.source == "keychain":
+        print(f"{key.where} `stoke serve --show-key` prints it.", flush=True)
+    else:
+        print(key.where, flush=True)
+    if key.source == "memory":  # nowhere else to read it from
+        print(f"API key: {key.value}", flush=True)
+    if config.host not in LOOPBACK:
+        print(
+            f"Warning: listening on {config.host}, beyond this machine; anyone with the key "
+            "can use the model.",
+            flush=True,
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        print("Stopping ...", file=sys.stderr)
+        await server.stop()
+        await engine.close()
+    return 0

@@ -1,0 +1,158 @@
+"""Exact-reply replay: the replies this server produced, so a stateless client's history is
+tokenized with the tokens the model actually sampled.
+
+An OpenAI client sends the whole conversation as text every turn. Re-tokenizing a reply's
+text rarely gives the sampled ids back (and a client may drop the reasoning or trim the
+text), so the prompt would diverge from the KV the engine holds right after the previous
+turn's prompt, and everything after it would be prefilled again. The store maps the text a
+client saw to the exact ids, reasoning included.
+
+The rules, in the order they are tried, for one assistant message of an incoming history:
+
+1. Exact: its text equals a stored reply's full text (reasoning inline, as generated).
+2. Reasoning dropped: its text equals a stored reply's content (what follows the reasoning);
+   the reply's full ids are used, reasoning included. If the client sent the reasoning back
+   (`reasoning_content` or `reasoning`), it must equal the stored reasoning, up to
+   surrounding whitespace; otherwise the message does not match.
+3. Trimmed: rules 1 and 2 again with leading and trailing whitespace stripped from both
+   sides (clients often `.strip()` replies).
+4. No match: the message's text is tokenized; from there on the prompt is new to the KV.
+
+When two replies share a key the newer one wins. Entries belong to one model fingerprint:
+another model's ids would mean other tokens, so the transcript ignores them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+MAX_REPLIES = 8192  # ~4 keys each; ids of a typical reply are a few KiB
+
+
+@dataclass(frozen=True)
+class StoredReply:
+    tokens: tuple[int, ...]
+    fingerprint: str
+    reasoning: str  # "" when the reply had none
+
+
+class ReasoningSplitter:
+    """Routes a reply's text, as it streams, to reasoning (inside `<think>...</think>` at the
+    start) or content. Text that may be the start of a tag is held until it is decided."""
+
+    def __init__(self, *, opened: bool = False) -> None:
+        self._state = "reasoning" if opened else "start"
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """(reasoning, content) now safe to send."""
+        self._held += text
+        reasoning = content = ""
+        while True:
+            if self._state == "start":
+                head = self._held.lstrip()
+                if head.startswith(THINK_OPEN):
+                    self._held, self._state = head[len(THINK_OPEN) :], "reasoning"
+                    continue
+                if THINK_OPEN.startswith(head):  # "", "<", "<th"...: not decided yet
+                    return reasoning, content
+                self._state = "content"
+            elif self._state == "reasoning":
+                inside, closed, after = self._held.partition(THINK_CLOSE)
+                if closed:
+                    reasoning += inside
+                    self._held, self._state = after, "after"
+                    continue
+                keep = _partial_tag(self._held, THINK_CLOSE)
+                reasoning += self._held[: len(self._held) - keep]
+                self._held = self._held[len(self._held) - keep :]
+                return reasoning, content
+            elif self._state == "after":  # the whitespace between reasoning and content
+                self._held = self._held.lstrip()
+                if not self._held:
+                    return reasoning, content
+                self._state = "content"
+            else:
+                content += self._held
+                self._held = ""
+                return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        """What is still held once the reply has ended."""
+        held, self._held = self._held, ""
+        if self._state == "reasoning":
+            return held, ""
+        return "", "" if self._state == "after" else held
+
+
+def split_reasoning(text: str, *, opened: bool = False) -> tuple[str, str]:
+    """(reasoning, content) of a whole reply; the same split as streaming gives."""
+    splitter = ReasoningSplitter(opened=opened)
+    reasoning, content = splitter.feed(text)
+    rest_reasoning, rest_content = splitter.finish()
+    return reasoning + rest_reasoning, content + rest_content
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that begins `tag`."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def _key(kind: str, text: str) -> bytes:
+    return hashlib.sha256(f"{kind}\0{text}".encode()).digest()
+
+
+class ReplyStore:
+    """Text a client saw -> the exact ids of the reply. In memory, newest replies kept."""
+
+    def __init__(self, max_replies: int = MAX_REPLIES) -> None:
+        self._entries: OrderedDict[bytes, StoredReply] = OrderedDict()
+        self._max_keys = 4 * max_replies
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(
+        self,
+        text: str,
+        tokens: Sequence[int],
+        fingerprint: str,
+        *,
+        reasoning: str = "",
+        content: str | None = None,
+    ) -> None:
+        """Remember a reply: its full text, and its content when reasoning was split off."""
+        reply = StoredReply(tuple(tokens), fingerprint, reasoning)
+        keys = [_key("full", text), _key("full-trim", text.strip())]
+        if content is not None and content.strip() and content != text:
+            keys += [_key("content", content), _key("content-trim", content.strip())]
+        for key in keys:
+            self._entries[key] = reply
+            self._entries.move_to_end(key)
+        while len(self._entries) > self._max_keys:
+            self._entries.popitem(last=False)
+
+    def find(self, text: str, reasoning: str | None = None) -> StoredReply | None:
+        """The stored reply an assistant message stands for (rules in the module doc)."""
+        for kind, probe in (
+            ("full", text),
+            ("content", text),
+            ("full-trim", text.strip()),
+            ("content-trim", text.strip()),
+        ):
+            reply = self._entries.get(_key(kind, probe))
+            if reply is None:
+                continue
+            if kind.startswith("content") and reasoning and reasoning.strip() != reply.reasoning:
+                return None
+            self._entries.move_to_end(_key(kind, probe))
+            return reply
+        return None

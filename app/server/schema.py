@@ -1,0 +1,238 @@
+"""OpenAI request bodies, checked and turned into typed requests; errors in OpenAI's shape.
+
+Every check answers in words that say which field is wrong and what it should be, so a
+client author can fix the call from the message alone. Fields Stoke does not use (user,
+presence_penalty, ...) are ignored, as other OpenAI-compatible servers do; fields whose
+meaning Stoke cannot honour (n > 1, tools, logprobs) are refused rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.engine.protocol import SamplingParams
+from app.engine.transcript import Role
+
+MAX_STOPS = 4
+_DEFAULTS = SamplingParams()
+_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
+
+
+class ApiError(Exception):
+    """An answer other than success: the HTTP status and OpenAI's error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    text: str
+    reasoning: str | None = None  # an assistant message's reasoning, as the client sent it
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What both endpoints share: sampling, length, streaming and extras."""
+
+    model: str
+    sampling: SamplingParams
+    max_tokens: int | None  # None: until the model stops or the context is full
+    stream: bool = False
+    include_usage: bool = False
+    stop: tuple[str, ...] = ()
+    return_token_ids: bool = False
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    params: GenerationParams
+    messages: tuple[Message, ...]
+    template_variables: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    params: GenerationParams
+    prompt: str | tuple[int, ...]
+
+
+def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise _invalid("messages", "`messages` must be a non-empty list of messages.")
+    messages = tuple(_message(i, m) for i, m in enumerate(raw))
+    if messages[-1].role == "assistant":
+        raise _invalid(
+            "messages",
+            "The last message is the assistant's; end with a user (or system) message "
+            "for the model to answer.",
+        )
+    if body.get("tools") or body.get("functions"):
+        raise _invalid("tools", "Tools and function calling are not supported by Stoke's server.")
+    response_format = body.get("response_format")
+    if isinstance(response_format, Mapping) and response_format.get("type") not in (None, "text"):
+        raise _invalid("response_format", "Only text responses are supported.")
+    variables = body.get("chat_template_kwargs") or {}
+    if not isinstance(variables, Mapping) or not all(
+        isinstance(v, str | int | float | bool) for v in variables.values()
+    ):
+        raise _invalid("chat_template_kwargs", "`chat_template_kwargs` must map names to values.")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    return ChatRequest(_params(body, max_tokens), messages, dict(variables))
+
+
+def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _invalid("prompt", "`prompt` is empty.")
+        parsed: str | tuple[int, ...] = prompt
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        parsed = tuple(prompt)
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise _invalid("prompt", "Send one prompt per request (batches are not supported).")
+    else:
+        raise _invalid("prompt", "`prompt` must be a string or a non-empty list of token ids.")
+    if body.get("echo"):
+        raise _invalid("echo", "`echo` is not supported.")
+    return CompletionRequest(_params(body, body.get("max_tokens")), parsed)
+
+
+def _message(index: int, raw: Any) -> Message:
+    where = f"messages[{index}]"
+    if not isinstance(raw, Mapping):
+        raise _invalid(where, f"{where} must be an object with `role` and `content`.")
+    role = _ROLES.get(raw.get("role"))  # type: ignore[arg-type]
+    if role is None:
+        raise _invalid(
+            f"{where}.role",
+            f"{where} has role {raw.get('role')!r}; Stoke's server takes system, developer, "
+            "user and assistant messages.",
+        )
+    if raw.get("tool_calls"):
+        raise _invalid(f"{where}.tool_calls", "Tool calls are not supported by Stoke's server.")
+    text = _content(where, raw.get("content"), allow_none=role == "assistant")
+    reasoning = raw.get("reasoning_content", raw.get("reasoning"))
+    if reasoning is not None and not isinstance(reasoning, str):
+        raise _invalid(f"{where}.reasoning_content", f"{where}'s reasoning must be a string.")
+    return Message(role, text, reasoning if role == "assistant" else None)
+
+
+def _content(where: str, content: Any, *, allow_none: bool) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None and allow_none:
+        return ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                raise _invalid(
+                    f"{where}.content",
+                    f"{where} has a non-text part; this server takes text only.",
+                )
+            texts.append(str(part.get("text", "")))
+        return "\n".join(texts)
+    raise _invalid(f"{where}.content", f"{where}.content must be a string or a list of parts.")
+
+
+def _params(body: Mapping[str, Any], max_tokens: Any) -> GenerationParams:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _invalid("model", "`model` is required: one of the ids /v1/models lists.")
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        raise _invalid("n", "Only one choice per request is supported (`n` must be 1).")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise _invalid("logprobs", "`logprobs` is not supported.")
+    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 0):
+        raise _invalid("max_tokens", "`max_tokens` must be a whole number >= 0.")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise _invalid("stream", "`stream` must be true or false.")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, Mapping):
+        raise _invalid("stream_options", "`stream_options` must be an object.")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise _invalid("seed", "`seed` must be a whole number.")
+    sampling = SamplingParams(
+        temperature=_number(body, "temperature", _DEFAULTS.temperature, 0.0, 2.0),
+        top_p=_number(body, "top_p", _DEFAULTS.top_p, 0.0, 1.0),
+        min_p=_number(body, "min_p", _DEFAULTS.min_p, 0.0, 1.0),
+        top_k=int(_number(body, "top_k", _DEFAULTS.top_k, 0, 1 << 20)),
+        seed=seed,
+    )
+    return GenerationParams(
+        model=model,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=bool(options.get("include_usage")),
+        stop=_stops(body.get("stop")),
+        return_token_ids=bool(body.get("return_token_ids")),
+    )
+
+
+def _stops(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    stops = [raw] if isinstance(raw, str) else raw
+    if (
+        not isinstance(stops, list)
+        or len(stops) > MAX_STOPS
+        or not all(isinstance(s, str) and s for s in stops)
+    ):
+        raise _invalid("stop", f"`stop` must be a non-empty string or a list of up to {MAX_STOPS}.")
+    return tuple(stops)
+
+
+def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise _invalid(name, f"`{name}` must be a number from {lo:g} to {hi:g}.")
+    return float(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _invalid(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param)
