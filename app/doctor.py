@@ -15,6 +15,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,29 @@ def _keyring() -> dict[str, Any]:
     }
 
 
+def check_remote() -> dict[str, Any]:
+    """Whether the configured remote server answers, with the models it serves."""
+    from app.engine.remote import probe
+    from app.remote_config import remote_options
+    from app.settings import Settings
+
+    settings = Settings.load()
+    if not settings.remote_url:
+        return {"configured": False}
+    start = time.perf_counter()
+    try:
+        models = probe(remote_options(settings))
+    except Exception as exc:  # the report says what failed, it never raises
+        return {"configured": True, "url": settings.remote_url, "ok": False, "error": str(exc)}
+    return {
+        "configured": True,
+        "url": settings.remote_url,
+        "ok": True,
+        "models": models,
+        "answer_ms": round((time.perf_counter() - start) * 1000, 1),
+    }
+
+
 def collect() -> dict[str, Any]:
     """Everything the report shows, as plain JSON-serialisable data (`stoke doctor --json`)."""
     machine = platform.machine()
@@ -222,7 +246,11 @@ def collect() -> dict[str, Any]:
         "paths": _guarded(_paths),
         "llama_cpp": llamacpp_info(),
         "default_model": _guarded(_default_model),
-        "engines": {"llama.cpp": check_llamacpp(), "mlx": check_mlx()},
+        "engines": {
+            "llama.cpp": check_llamacpp(),
+            "mlx": check_mlx(),
+            "remote": _guarded(check_remote),
+        },
         "keyring": _guarded(_keyring),
     }
 
@@ -285,6 +313,17 @@ def _mlx_line(check: dict[str, Any], apple_silicon: bool) -> str:
     return line
 
 
+def _remote_line(check: dict[str, Any]) -> str:
+    if "error" in check and "url" not in check:
+        return f"cannot check: {check['error']}"
+    if not check.get("configured"):
+        return "not configured (stoke chat --remote-url URL, or Settings > Remote)"
+    if not check.get("ok"):
+        return f"{check['url']}: {check['error']}"
+    models = ", ".join(check["models"]) or "no models"
+    return f"{check['url']}: reachable in {check['answer_ms']:.0f} ms, serves {models}"
+
+
 def _keyring_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     if "error" in info:
         return _error_rows(info)
@@ -312,6 +351,7 @@ def render(report: dict[str, Any]) -> str:
         [
             ("llama.cpp", _llamacpp_line(engines["llama.cpp"])),
             ("mlx", _mlx_line(engines["mlx"], plat["apple_silicon"])),
+            *([("remote", _remote_line(engines["remote"]))] if "remote" in engines else []),
         ],
     )
     lines += _section("Keyring", _keyring_rows(report["keyring"]))

@@ -25,6 +25,14 @@ class Settings:
     resident_conversations: int = 4  # KV sequences kept live at once (n_seq_max)
     snapshot_disk_gib: float = 20.0  # disk budget of KV snapshots; oldest evicted first
     snapshot_ram_gib: float = 2.0
+    # engine "remote" (app/engine/remote.py): the server, its model id (None: its only one),
+    # the wire mode, a local GGUF of the same model for tokens (None: ask the server), and
+    # the longest wait for it. The API key is in the keychain (app/models/secrets.py).
+    remote_url: str | None = None
+    remote_model: str | None = None
+    remote_mode: str = "auto"
+    remote_tokenizer: str | None = None
+    remote_timeout_s: float = 300.0
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:

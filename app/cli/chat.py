@@ -22,8 +22,10 @@ from app.engine.protocol import (
     ModelLoadError,
     TokenEvent,
 )
+from app.engine.remote import MODES
 from app.models import load_settings
 from app.models.default import default_model_path
+from app.remote_config import remote_options
 from app.session import ChatSession, TurnResult
 from app.settings import Settings
 
@@ -64,11 +66,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="PATH", help="a GGUF model (default: SmolLM2-135M)")
     parser.add_argument("--ctx", type=int, metavar="N", help="context size in tokens")
+    parser.add_argument(
+        "--engine", choices=("llama.cpp", "remote"), help="where the model runs (default: settings)"
+    )
+    parser.add_argument("--remote-url", metavar="URL", help="an OpenAI-compatible server")
+    parser.add_argument("--remote-model", metavar="ID", help="the server's model id")
+    parser.add_argument("--remote-mode", choices=MODES, help="how to talk to it (default: auto)")
+    parser.add_argument(
+        "--remote-tokenizer",
+        metavar="PATH",
+        help="a local GGUF of the served model, for exact token prompts",
+    )
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
     """App settings, then the model's saved hardware plan (the wizard's), then the flags."""
     settings = Settings.load()
+    engine = getattr(args, "engine", None) or settings.engine
+    if engine == "remote" or getattr(args, "remote_url", None):
+        return _remote_load_options(args, settings)
     model = args.model or settings.model_path or str(default_model_path())
     options: dict = {
         "n_ctx": settings.n_ctx,
@@ -84,6 +100,15 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
     if args.ctx:
         options["n_ctx"] = args.ctx
     return LoadOptions(model_path=model, **options)
+
+
+def _remote_load_options(args: argparse.Namespace, settings: Settings) -> LoadOptions:
+    """A server runs the model; a local GGUF of it (if any) gives exact tokens."""
+    remote = remote_options(
+        settings, url=args.remote_url, model=args.remote_model, mode=args.remote_mode
+    )
+    tokenizer = args.remote_tokenizer or settings.remote_tokenizer or ""
+    return LoadOptions(model_path=tokenizer, n_ctx=args.ctx or settings.n_ctx, remote=remote)
 
 
 class UserError(Exception):

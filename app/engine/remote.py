@@ -81,6 +81,13 @@ def endpoint_of(remote: RemoteOptions) -> Endpoint:
     return Endpoint.parse(remote.url, remote.api_key, remote.timeout_s)
 
 
+def probe(remote: RemoteOptions) -> list[str]:
+    """The model ids the server lists; raises RemoteError in words when it cannot answer
+    (down, wrong key, not OpenAI-compatible). For `stoke doctor` and the settings' test."""
+    http = RemoteHTTP(Endpoint.parse(remote.url, remote.api_key, PROBE_TIMEOUT_S))
+    return list(RemoteEngine.served_models(http))
+
+
 def tokenizer_for(options: LoadOptions, info: ModelInfo | None) -> RemoteTokenizer:
     """The tokenizer that built `info`'s prompts, for the app process's transcripts."""
     if info is not None and info.fingerprint == BYTES_FINGERPRINT:
@@ -137,7 +144,7 @@ class RemoteEngine:
             ) from None
         try:
             self.http = RemoteHTTP(endpoint_of(options.remote))
-            served = self._served_models()
+            served = self.served_models(self.http)
             self.model = _pick_model(options.remote.model, served, self.http.url)
             props = self._props()
             self.mode, self._tokenizer, self.info = self._configure(mode, options, props, served)
@@ -145,12 +152,14 @@ class RemoteEngine:
             raise ModelLoadError(str(exc)) from exc
         return self.info
 
-    def _served_models(self) -> dict[str, dict]:
-        answer = self.http.get("/v1/models", timeout_s=PROBE_TIMEOUT_S)
+    @staticmethod
+    def served_models(http: RemoteHTTP) -> dict[str, dict]:
+        """The server's /v1/models entries by id."""
+        answer = http.get("/v1/models", timeout_s=PROBE_TIMEOUT_S)
         data = answer.get("data") if isinstance(answer, dict) else None
         if not isinstance(data, list):
             raise RemoteError(
-                f"The server at {self.http.url} answered /v1/models without a model list: "
+                f"The server at {http.url} answered /v1/models without a model list: "
                 "is it an OpenAI-compatible server?"
             )
         return {str(m["id"]): m for m in data if isinstance(m, dict) and "id" in m}
