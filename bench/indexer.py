@@ -1,0 +1,375 @@
+"""Issue 8's indexer acceptance on an NVIDIA GPU: the CUDA twin against the MLX reference.
+
+Runs where MLX has CUDA (mlx-cuda; ../shared/device/README.md installs it on the H200
+machine); nothing here is part of the app. In one run it
+
+1. compiles both kernels on a tiny input and prints NVRTC's log if either fails;
+2. checks exactness on integer-valued inputs at the model's shape (H = 64, D = 128): every
+   (S, L, visibility) of the acceptance grid, the twin's indices against the reference's,
+   plus its scores (visible columns) and its selector on the reference's scores, so a
+   mismatch names the stage; then every supported head dim and both block shapes on a
+   small case;
+3. checks random fp16 inputs: selected sets agree outside `selection_tolerance`;
+4. times, at L = 2048, H = 64, D = 128, S in {4096, 16384, 32768} (the last chunk of a
+   4S-token prompt): mlx-lm's indexer (matmul + ReLU + head sum + argpartition, in fp32 as
+   in FIELD_NOTES and in fp16), the reference, and the twin (scorer with 8 and 4 warps,
+   selector), each stage alone and the whole op; medians after warm-up, mx.eval +
+   mx.synchronize around each repetition.
+
+A failing stage is recorded with its error and the run goes on. Writes indexer.json and
+indexer.md to --out (default $OUT, else ./out) after every stage.
+
+    PYTHONPATH=/tmp/mlxsite python3 bench/indexer.py [--out DIR] [--reps N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from app.engine.mlx.kernels import cuda_indexer  # noqa: E402
+from app.engine.mlx.kernels.acceptance import (  # noqa: E402
+    QUERY_COUNTS,
+    ROW_COUNTS,
+    VISIBILITIES,
+    integer_inputs,
+    random_inputs,
+)
+from app.engine.mlx.kernels.reference import (  # noqa: E402
+    canonical_top_k,
+    reference_scores,
+    selection_tolerance,
+    to_fp16,
+)
+
+K = 512
+HEADS, DIM, QUERIES = 64, 128, 2048
+TIMED_ROWS = (4096, 16384, 32768)
+# Scorer block shapes tried: (warps along rows, 16-query mma tiles per warp).
+CONFIGS = ((8, 2), (4, 2), (8, 1))
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+class Report:
+    """Everything measured so far, written out after every stage."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.data: dict[str, Any] = {"environment": environment(), "stages": {}}
+
+    def stage(self, name: str, fn: Callable[[], Any]) -> Any:
+        log(f"== {name}")
+        try:
+            result = fn()
+            self.data["stages"][name] = {"ok": True, "result": result}
+        except Exception as error:  # a failed stage is a finding; the others still run
+            text = f"{type(error).__name__}: {error}"
+            log(f"!! {name} failed: {text}\n{traceback.format_exc()}")
+            self.data["stages"][name] = {"ok": False, "error": text}
+            result = None
+        self.write()
+        return result
+
+    def write(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "indexer.json").write_text(json.dumps(self.data, indent=2) + "\n")
+        (self.out / "indexer.md").write_text(markdown(self.data))
+
+
+def environment() -> dict[str, Any]:
+    gpu = ""
+    try:
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,clocks.max.sm", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        gpu = "nvidia-smi unavailable"
+    return {
+        "mlx": mx.__version__,
+        "device": str(mx.default_device()),
+        "cuda": cuda_indexer.available(),
+        "gpu": gpu,
+        "python": platform.python_version(),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def label(config: tuple[int, int]) -> str:
+    return f"cuda_w{config[0]}m{config[1]}"
+
+
+def twin(
+    q: mx.array, w: mx.array, keys: mx.array, nv: mx.array, config: tuple[int, int] = CONFIGS[0]
+) -> mx.array:
+    scores = cuda_indexer.scores(to_fp16(q), w, to_fp16(keys), nv, *config)
+    return cuda_indexer.select(scores, nv, K)
+
+
+# -- 1. compile ---------------------------------------------------------------------------
+
+
+def compile_check() -> dict[str, Any]:
+    inputs = integer_inputs(np.random.default_rng(0), 5, 40, 2, 32, "all")
+    scores = cuda_indexer.scores(inputs.q, inputs.weights, inputs.keys, inputs.n_visible)
+    mx.eval(scores)
+    indices = cuda_indexer.select(scores, inputs.n_visible, K)
+    mx.eval(indices)
+    return {"scores_shape": list(scores.shape), "indices_shape": list(indices.shape)}
+
+
+# -- 2. exactness on integer inputs ------------------------------------------------------
+
+
+def first_bad_rows(got: np.ndarray, want: np.ndarray) -> list[int]:
+    return np.flatnonzero((got != want).any(axis=1))[:5].tolist()
+
+
+def exact_case(
+    n_queries: int, n_rows: int, heads: int, dim: int, kind: str, config: tuple[int, int]
+) -> dict:
+    rng = np.random.default_rng(n_queries * 7919 + n_rows * 31 + dim + config[0] + config[1])
+    inputs = integer_inputs(rng, n_queries, n_rows, heads, dim, kind)
+    q, w, keys, nv = inputs.args()
+    ref_scores = reference_scores(q, w, keys)
+    want = np.array(canonical_top_k(ref_scores, nv, K))
+    tw_scores = cuda_indexer.scores(q, w, keys, nv, *config)
+    got = np.array(cuda_indexer.select(tw_scores, nv, K))
+    visible = np.arange(n_rows)[None, :] < np.array(nv)[:, None]
+    score_ok = bool(np.array_equal(np.array(tw_scores)[visible], np.array(ref_scores)[visible]))
+    select_only = np.array(cuda_indexer.select(ref_scores, nv, K))
+    return {
+        "queries": n_queries,
+        "rows": n_rows,
+        "heads": heads,
+        "dim": dim,
+        "visibility": kind,
+        "config": label(config),
+        "indices_equal": bool(np.array_equal(got, want)),
+        "scores_equal": score_ok,
+        "selector_equal": bool(np.array_equal(select_only, want)),
+        "bad_rows": first_bad_rows(got, want),
+    }
+
+
+def exact_grid(quick: bool) -> dict[str, Any]:
+    cases = []
+    for n_rows in ROW_COUNTS[:4] if quick else ROW_COUNTS:
+        for n_queries in QUERY_COUNTS:
+            for kind in VISIBILITIES:
+                case = exact_case(n_queries, n_rows, HEADS, DIM, kind, CONFIGS[0])
+                cases.append(case)
+                good = case["indices_equal"] and case["scores_equal"] and case["selector_equal"]
+                log(f"   S={n_rows:>6} L={n_queries:>5} {kind:<8} {'ok' if good else case}")
+    for dim in cuda_indexer.SUPPORTED_DIMS:
+        for config in CONFIGS:
+            case = exact_case(77, 1500, 8, dim, "resumed", config)
+            cases.append(case)
+            log(f"   D={dim:>3} {label(config)} {'ok' if case['indices_equal'] else case}")
+    failed = [c for c in cases if not (c["indices_equal"] and c["scores_equal"])]
+    return {"cases": len(cases), "failed": len(failed), "failures": failed[:20], "all": cases}
+
+
+# -- 3. random fp16 ----------------------------------------------------------------------
+
+
+def random_sets() -> dict[str, Any]:
+    rng = np.random.default_rng(11)
+    inputs = random_inputs(rng, QUERIES, 16384, HEADS, DIM, "resumed")
+    q, w, keys, nv = inputs.args()
+    ref = reference_scores(q, w, keys)
+    want = np.array(canonical_top_k(ref, nv, K))
+    got = np.array(twin(q, w, keys, nv))
+    tolerance = np.array(selection_tolerance(q, w, keys))
+    ref_np = np.array(ref)
+    checked = differing = near_ties = 0
+    for row, n in enumerate(np.array(nv)):
+        top = np.sort(ref_np[row, :n])[::-1]
+        if n > K and top[K - 1] - top[K] <= tolerance[row]:
+            near_ties += 1
+            continue
+        checked += 1
+        differing += int(set(got[row].tolist()) != set(want[row].tolist()))
+    identical = int((got == want).all(axis=1).sum())
+    return {
+        "rows": QUERIES,
+        "checked": checked,
+        "near_ties_skipped": near_ties,
+        "differing_sets": differing,
+        "identical_rows_incl_order": identical,
+        "median_tolerance": float(np.median(tolerance)),
+    }
+
+
+# -- 4. timing ---------------------------------------------------------------------------
+
+
+def median_ms(fn: Callable[[], mx.array], reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        mx.eval(fn())
+    mx.synchronize()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        mx.eval(fn())
+        mx.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def mlx_lm_scores(q: mx.array, w: mx.array, keys: mx.array, nv: mx.array, dtype) -> mx.array:
+    """mlx-lm 0.32's DeepSeek-V3.2 indexer: one matmul over all heads, ReLU, weights,
+    a head sum, -inf where not visible."""
+    qh = q.astype(dtype).transpose(1, 0, 2)  # [H, L, D]
+    scores = mx.maximum(qh @ keys.astype(dtype).T[None], 0)  # [H, L, S]
+    scores = (scores * w.astype(dtype).T[:, :, None]).sum(axis=0)
+    visible = mx.arange(keys.shape[0])[None, :] < nv[:, None]
+    return mx.where(visible, scores, -float("inf"))
+
+
+def mlx_lm_select(scores: mx.array) -> mx.array:
+    return mx.argpartition(scores, kth=-K, axis=-1)[..., -K:]
+
+
+def timing(n_rows: int, reps: int) -> dict[str, Any]:
+    inputs = random_inputs(np.random.default_rng(n_rows), QUERIES, n_rows, HEADS, DIM, "resumed")
+    q, w, keys, nv = inputs.args()
+    mx.eval(q, w, keys, nv)
+    rows: dict[str, float | str] = {}
+
+    def measure(name: str, fn: Callable[[], mx.array]) -> None:
+        try:
+            rows[name] = round(median_ms(fn, reps), 3)
+            log(f"   S={n_rows:>6} {name:<28} {rows[name]:9.3f} ms")
+        except Exception as error:  # one failing variant must not hide the others
+            rows[name] = f"failed: {type(error).__name__}: {error}"
+            log(f"!! S={n_rows} {name}: {rows[name]}")
+
+    for path, dtype in (("mlx_lm_fp32", mx.float32), ("mlx_lm_fp16", mx.float16)):
+        scores = mlx_lm_scores(q, w, keys, nv, dtype)
+        mx.eval(scores)
+        measure(f"{path}.score", lambda d=dtype: mlx_lm_scores(q, w, keys, nv, d))
+        measure(f"{path}.select", lambda s=scores: mlx_lm_select(s))
+        measure(f"{path}.op", lambda d=dtype: mlx_lm_select(mlx_lm_scores(q, w, keys, nv, d)))
+    ref = reference_scores(q, w, keys)
+    mx.eval(ref)
+    measure("reference.score", lambda: reference_scores(q, w, keys))
+    measure("reference.select", lambda r=ref: canonical_top_k(r, nv, K))
+    measure("reference.op", lambda: canonical_top_k(reference_scores(q, w, keys), nv, K))
+    for config in CONFIGS:
+        measure(f"{label(config)}.score", lambda c=config: cuda_indexer.scores(q, w, keys, nv, *c))
+    tw = cuda_indexer.scores(q, w, keys, nv)
+    mx.eval(tw)
+    measure("cuda.select", lambda: cuda_indexer.select(tw, nv, K))
+    for config in CONFIGS:
+        measure(f"{label(config)}.op", lambda c=config: twin(q, w, keys, nv, c))
+    flops = 2.0 * QUERIES * HEADS * DIM * n_rows
+    visible = float(np.array(nv).astype(np.float64).sum()) / (QUERIES * n_rows)
+    derived: dict[str, float] = {"gflop_all_rows": flops / 1e9, "visible_fraction": visible}
+    paths = ("reference", "mlx_lm_fp32", "mlx_lm_fp16", *map(label, CONFIGS))
+    for name in (f"{path}.score" for path in paths):
+        if isinstance(rows.get(name), float):
+            derived[f"{name}_tflops"] = round(flops / (rows[name] * 1e-3) / 1e12, 1)
+    if isinstance(rows.get("cuda.select"), float):
+        derived["cuda.select_gbps"] = round(
+            QUERIES * n_rows * 4 / (rows["cuda.select"] * 1e-3) / 1e9
+        )
+    return {"rows": n_rows, "ms": rows, "derived": derived}
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def markdown(data: dict[str, Any]) -> str:
+    env = data["environment"]
+    lines = [
+        "# Lightning indexer: CUDA twin vs reference",
+        "",
+        f"GPU: {env['gpu']} - MLX {env['mlx']} ({env['device']}), Python {env['python']},"
+        f" {env['when']}. L = {QUERIES}, H = {HEADS}, D = {DIM}, k = {K}; medians in ms.",
+        "",
+    ]
+    for name, stage in data["stages"].items():
+        if not stage["ok"]:
+            lines += [f"## {name}: FAILED", "", "```", stage["error"][:4000], "```", ""]
+            continue
+        result = stage["result"]
+        if name == "exact":
+            lines += [
+                "## Exactness (integer-valued inputs)",
+                "",
+                f"{result['cases'] - result['failed']} of {result['cases']} cases identical"
+                " to the reference (indices, ties included; visible scores bit-equal).",
+                "",
+            ]
+        elif name == "random":
+            lines += [
+                "## Random fp16 inputs (S = 16384, resumed)",
+                "",
+                f"{result['checked']} rows checked, {result['differing_sets']} with a different"
+                f" set; {result['near_ties_skipped']} near-tie rows skipped (tolerance median"
+                f" {result['median_tolerance']:.3g}); {result['identical_rows_incl_order']} of"
+                f" {result['rows']} rows identical including order.",
+                "",
+            ]
+        elif name.startswith("time"):
+            ms = result["ms"]
+            lines += [
+                f"## S = {result['rows']}",
+                "",
+                "| path | score | select | op |",
+                "|---|---:|---:|---:|",
+            ]
+            for path in ("mlx_lm_fp32", "mlx_lm_fp16", "reference", *map(label, CONFIGS)):
+                select = ms.get(f"{path}.select", ms.get("cuda.select") if "cuda" in path else "")
+                score, op = ms.get(f"{path}.score", ""), ms.get(f"{path}.op", "")
+                lines.append(f"| {path} | {score} | {select} | {op} |")
+            lines += ["", "Derived: " + json.dumps(result["derived"]), ""]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="smaller exactness grid")
+    args = parser.parse_args()
+    report = Report(args.out)
+    log(json.dumps(report.data["environment"]))
+    if not cuda_indexer.available():
+        log("MLX has no CUDA device here: nothing to measure.")
+        report.write()
+        sys.exit(2)
+    if report.stage("compile", compile_check) is None:
+        log("the kernels did not compile or run; the timings below cover the MLX paths only")
+    report.stage("exact", lambda: exact_grid(args.quick))
+    report.stage("random", random_sets)
+    for n_rows in TIMED_ROWS:
+        report.stage(f"time_S{n_rows}", lambda n=n_rows: timing(n, args.reps))
+    log((args.out / "indexer.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
