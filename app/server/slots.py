@@ -67,6 +67,9 @@ class SlotMap:
             slot.busy = False
             slot.tokens = tuple(tokens)
 
+    def names(self) -> list[str]:
+        return list(self._slots)
+
     def tokens(self, name: str) -> tuple[int, ...]:
         slot = self._slots.get(name)
         return slot.tokens if slot else ()
