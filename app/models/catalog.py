@@ -3,22 +3,31 @@
 The catalog ships inside the package (`app/models/catalog.json`, package data) so an installed
 Stoke finds it without knowing where it was installed from.
 
-The verdict is a size rule on the machine's budgets from `app.hardware.detect`: the offload
-planner places tensors and needs a model's header, which a catalog entry does not have until
-its file is on disk. Once it is, the planner gives the exact plan.
+DeepSeek V4 Flash GGUF entries get the offload planner's verdict before any download: the
+planner places the real Flash layout (the full-size replica of `app.hardware.synthetic_gguf`,
+every tensor's name, shape and type) with its expert tensors sized to the entry's file, on
+this machine's GPUs and RAM. Other entries, small dense models for which "does it fit" is a
+matter of size, get a size rule on the same budgets; each answer says which it rests on.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.resources
 import json
+import pickle
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from app import paths
 from app.hardware.detect import Hardware
-from app.hardware.planner import GPU_RESERVE
+from app.hardware.planner import GPU_RESERVE, DeviceBudget, Plan, plan
+from app.models.gguf_info import GGUFInfo
 
 FITS_GPU = "fits on GPU"
 FITS_EXPERT_OFFLOAD = "fits with expert offload"
@@ -80,8 +89,108 @@ def budget(hardware: Hardware) -> Budget:
     return Budget(gpu, total)
 
 
+@dataclass(frozen=True)
+class Fit:
+    """An entry's verdict on this machine, its predicted decode speed class, and what they
+    rest on ("planner" or "size")."""
+
+    verdict: str
+    speed: str | None
+    basis: str
+    detail: str = ""
+
+
+PLAN_CONTEXT = 65_536  # the context a catalog verdict plans for (stoke plan's default)
+_LAYOUT_VERSION = 1  # bump when synthetic_gguf's full-size layout changes
+
+
+def assess(entry: CatalogEntry, hardware: Hardware) -> Fit:
+    """The verdict for `entry`: the planner's where it knows the layout, else the size rule."""
+    if entry.format == "gguf" and entry.family == "DeepSeek V4 Flash":
+        return _planned(entry, hardware)
+    fit = _size_verdict(entry, hardware)
+    return Fit(fit, _speed_from_size(entry, hardware, fit), "size")
+
+
 def verdict(entry: CatalogEntry, hardware: Hardware) -> str:
     """One of FITS_GPU, FITS_EXPERT_OFFLOAD, FITS_CPU_OFFLOAD, RUNS_ON_CPU, DOES_NOT_FIT."""
+    return assess(entry, hardware).verdict
+
+
+def _devices(hardware: Hardware) -> tuple[list[DeviceBudget], int]:
+    """The GPUs and RAM a plan may use: whole devices, less what the app and OS keep."""
+    ram = max(hardware.memory.total - _RUNTIME, 0)
+    if hardware.apple is not None:
+        room = budget(hardware)
+        return [DeviceBudget("MTL0", room.gpu_bytes, "metal", hardware.apple.chip)], max(
+            room.ram_bytes - _RUNTIME, 0
+        )
+    if not hardware.gpu_offload:
+        return [], ram
+    return [DeviceBudget(g.name, g.memory_total, g.backend) for g in hardware.gpus], ram
+
+
+def _planned(entry: CatalogEntry, hardware: Hardware) -> Fit:
+    info = _sized(flash_layout(), entry.size_bytes)
+    devices, ram = _devices(hardware)
+    n_ctx = min(PLAN_CONTEXT, entry.context_length or PLAN_CONTEXT)
+    p = plan(info, devices, ram_bytes=ram, n_ctx=n_ctx)
+    layers = f"{p.expert_layers_on_gpu:.1f} of {p.n_layer} expert layers on the GPUs"
+    if not p.fits:
+        return Fit(DOES_NOT_FIT, None, "planner", p.minimum or "")
+    host = p.device("CPU")
+    if not devices:
+        fit = RUNS_ON_CPU
+    elif host.expert_layers_full or host.expert_layers_partial:
+        fit = FITS_EXPERT_OFFLOAD
+    else:
+        fit = FITS_GPU
+    detail = f"{layers} at {n_ctx:,} context, micro-batch {p.n_ubatch}"
+    return Fit(fit, _speed_from_plan(entry, info, p, apple=hardware.apple is not None), "planner",
+               detail)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def flash_layout() -> GGUFInfo:
+    """DeepSeek V4 Flash's tensors and metadata (no vocabulary), from the full-size sparse
+    replica: built once (the replica is written to a temporary folder and removed; reading
+    its header takes seconds), then kept in the cache dir and in this process."""
+    cache = paths.cache_dir() / "layouts" / f"deepseek4-flash-v{_LAYOUT_VERSION}.pkl"
+    try:
+        info = pickle.loads(cache.read_bytes())
+        if isinstance(info, GGUFInfo):
+            return info
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError):
+        pass
+    from app.hardware.synthetic_gguf import write_deepseek4
+    from app.models.gguf_info import inspect_gguf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        info = inspect_gguf(write_deepseek4(Path(tmp) / "flash.gguf", mode="full"))
+    meta = {k: v for k, v in info.metadata.items() if not k.startswith("tokenizer.")}
+    info = dataclasses.replace(info, metadata=meta)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_bytes(pickle.dumps(info))
+    except OSError:
+        pass  # a full or read-only disk only costs the seconds again next time
+    return info
+
+
+def _sized(info: GGUFInfo, size_bytes: int) -> GGUFInfo:
+    """`info` with its expert tensors scaled so that the whole model is `size_bytes`: the
+    catalog knows a file's size and quantization, not each tensor's type."""
+    experts = sum(t.n_bytes for t in info.tensors if t.kind == "expert")
+    rest = info.total_bytes - experts
+    scale = max(size_bytes - rest, 0) / experts if experts else 1.0
+    tensors = tuple(
+        dataclasses.replace(t, n_bytes=int(t.n_bytes * scale)) if t.kind == "expert" else t
+        for t in info.tensors
+    )
+    return dataclasses.replace(info, tensors=tensors)
+
+
+def _size_verdict(entry: CatalogEntry, hardware: Hardware) -> str:
     room = budget(hardware)
     need = int(entry.size_bytes * _OVERHEAD) + _RUNTIME
     if room.gpu_bytes and need <= room.gpu_bytes:
@@ -110,10 +219,31 @@ def active_fraction(entry: CatalogEntry) -> float:
 
 def speed_class(entry: CatalogEntry, hardware: Hardware) -> str | None:
     """A predicted decode speed class ("fast, ~40 tok/s"); None when it does not fit."""
-    fit = verdict(entry, hardware)
+    return assess(entry, hardware).speed
+
+
+def _label(tok_s: float) -> str:
+    label = "fast" if tok_s >= 20 else "usable" if tok_s >= 5 else "slow"
+    return f"{label}, up to ~{tok_s:,.0f} tok/s"
+
+
+def _speed_from_size(entry: CatalogEntry, hardware: Hardware, fit: str) -> str | None:
     if fit == DOES_NOT_FIT:
         return None
     where = "unified" if hardware.apple is not None else "gpu" if fit == FITS_GPU else "ram"
-    tok_s = _BANDWIDTH[where] / max(entry.size_bytes * active_fraction(entry), 1)
-    label = "fast" if tok_s >= 20 else "usable" if tok_s >= 5 else "slow"
-    return f"{label}, up to ~{tok_s:,.0f} tok/s"
+    return _label(_BANDWIDTH[where] / max(entry.size_bytes * active_fraction(entry), 1))
+
+
+def _speed_from_plan(entry: CatalogEntry, info: GGUFInfo, p: Plan, *, apple: bool) -> str:
+    """Each token reads every non-expert weight (on the GPUs) and its share of the experts:
+    the plan says how much of that share sits in GPU memory and how much in RAM."""
+    fast = _BANDWIDTH["unified" if apple else "gpu"]
+    experts = sum(t.n_bytes for t in info.tensors if t.kind == "expert")
+    used = (info.expert_used_count or 1) / (info.expert_count or 1)
+    dense = info.total_bytes - experts
+    on_gpu = p.expert_bytes_gpu * used
+    in_ram = (experts - p.expert_bytes_gpu) * used
+    gpu_bytes = dense + on_gpu if p.devices[0].name != "CPU" else 0
+    ram_bytes = in_ram + (0 if gpu_bytes else dense + on_gpu)
+    seconds = gpu_bytes / fast + ram_bytes / (fast if apple else _BANDWIDTH["ram"])
+    return _label(1 / seconds if seconds else 0.0)

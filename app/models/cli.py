@@ -282,20 +282,19 @@ def _download(args: argparse.Namespace) -> int:
 
 def _catalog(args: argparse.Namespace) -> int:
     from app.hardware.detect import detect
-    from app.models.catalog import budget, load_catalog, speed_class, verdict
+    from app.models.catalog import PLAN_CONTEXT, assess, budget, load_catalog
 
     hardware = detect()
     room = budget(hardware)
     entries = load_catalog()
-    verdicts = {e.id: verdict(e, hardware) for e in entries}
-    speeds = {e.id: speed_class(e, hardware) for e in entries}
+    fits = {e.id: assess(e, hardware) for e in entries}
     rows = [["ID", "NAME", "SIZE", "FIT", "SPEED"]] + [
         [
             e.id,
             e.name + ("" if e.checked else " *"),
             format_bytes(e.size_bytes),
-            verdicts[e.id],
-            speeds[e.id] or "-",
+            fits[e.id].verdict + (" †" if fits[e.id].basis == "planner" else ""),
+            fits[e.id].speed or "-",
         ]
         for e in entries
     ]
@@ -303,10 +302,15 @@ def _catalog(args: argparse.Namespace) -> int:
         f"{_table(rows)}\n"
         f"This machine: {format_bytes(room.gpu_bytes)} GPU, {format_bytes(room.ram_bytes)} RAM. "
         "* repo not checked against the hub.\n"
+        f"† the offload planner's placement at {PLAN_CONTEXT:,} context (others: by size); "
+        "`--json` has the detail.\n"
         "Download one with `stoke models download ID`."
     )
     data = [
-        dataclasses.asdict(e) | {"verdict": verdicts[e.id], "speed": speeds[e.id]} for e in entries
+        dataclasses.asdict(e)
+        | {"verdict": fit.verdict, "speed": fit.speed, "basis": fit.basis, "detail": fit.detail}
+        for e in entries
+        for fit in (fits[e.id],)
     ]
     _emit(args, data, text)
     return 0

@@ -84,10 +84,10 @@ from app.models.catalog import (
     FITS_GPU,
     RUNS_ON_CPU,
     CatalogEntry,
+    Fit,
+    assess,
     budget,
     load_catalog,
-    speed_class,
-    verdict,
 )
 from app.models.downloads import Downloads, Progress, RepoListing, list_repo
 from app.models.library import ImportMode, Library, LibraryError, ModelEntry, format_bytes
@@ -1846,14 +1846,30 @@ class ModelsDialog(QDialog):
             card.badge.set_verdict(None, self._hardware_problem)
 
     def _update_badges(self) -> None:
+        """Plan each entry off the UI thread (the first plan reads DeepSeek's layout, seconds),
+        then show the verdicts."""
         if self.hardware is None:
             return
-        self.machine_label.setText(f"Fit for this machine — {machine_summary(self.hardware)}")
-        for card in self.cards.values():
-            card.set_fit(verdict(card.entry, self.hardware))
-            speed = speed_class(card.entry, self.hardware)
-            if speed:
-                card.badge.setToolTip(f"{card.badge.toolTip()} Predicted decode: {speed}.")
+        hardware = self.hardware
+        entries = [card.entry for card in self.cards.values()]
+        self._run(
+            QThreadPool.globalInstance(),
+            lambda: {e.id: assess(e, hardware) for e in entries},
+            lambda fits: self._show_fits(hardware, fits),
+            self._no_hardware,
+        )
+
+    def _show_fits(self, hardware: Hardware, fits: dict[str, Fit]) -> None:
+        self.machine_label.setText(f"Fit for this machine — {machine_summary(hardware)}")
+        for entry_id, fit in fits.items():
+            card = self.cards[entry_id]
+            card.set_fit(fit.verdict)
+            notes = [card.badge.toolTip()]
+            if fit.basis == "planner" and fit.detail:
+                notes.append(f"Offload planner: {fit.detail}.")
+            if fit.speed:
+                notes.append(f"Predicted decode: {fit.speed}.")
+            card.badge.setToolTip(" ".join(notes))
 
     def _update_catalog_buttons(self) -> None:
         active = {

@@ -264,6 +264,10 @@ def test_catalog_shows_fit_badges_in_color(
     dialog.tabs.setCurrentWidget(dialog.catalog_tab)
     hardware = workstation()
     assert [c.entry.id for c in dialog.cards.values()] == [e.id for e in load_catalog()]
+    # planned off the UI thread: the first plan reads DeepSeek's layout
+    qtbot.waitUntil(
+        lambda: all(c.badge.level != "unknown" for c in dialog.cards.values()), timeout=WAIT_MS
+    )
     for card in dialog.cards.values():
         text = verdict(card.entry, hardware)
         assert card.badge.text() == text
@@ -276,6 +280,8 @@ def test_catalog_shows_fit_badges_in_color(
     )
     assert cards["deepseek-v4-flash-q2"].badge.text() == FITS_EXPERT_OFFLOAD
     assert cards["deepseek-v4-flash-q2"].badge.level == "warn"
+    assert "Offload planner: " in cards["deepseek-v4-flash-q2"].badge.toolTip()
+    assert "expert layers on the GPUs" in cards["deepseek-v4-flash-q2"].badge.toolTip()
     assert cards["deepseek-v4-flash-q4"].badge.text() == DOES_NOT_FIT
     assert cards["deepseek-v4-flash-q4"].badge.level == "bad"
     assert "1 GPU" in dialog.machine_label.text()
