@@ -125,6 +125,18 @@ _SCALED_TYPES = _FULL_TYPES | {
     "compressor": Q.F16,
     "indexer": Q.F16,
 }
+# `weights="f16"/"f32"`: every matrix in one float type that `mx.load` reads as it is, so the
+# MLX model and llama.cpp run on the very same numbers (the logit-agreement test).
+_MATRIX_ROLES = ("embedding", "output", "dense", "expert", "compressor", "indexer")
+Weights = Literal["quantized", "f16", "f32"]
+
+
+def _scaled_types(weights: Weights) -> dict[str, Q]:
+    if weights == "quantized":
+        return _SCALED_TYPES
+    if weights not in ("f16", "f32"):
+        raise ValueError(f"weights must be 'quantized', 'f16' or 'f32', not {weights!r}")
+    return _SCALED_TYPES | dict.fromkeys(_MATRIX_ROLES, Q.F16 if weights == "f16" else Q.F32)
 
 
 @dataclass(frozen=True)
@@ -317,9 +329,11 @@ def _write_sparse(writer: GGUFWriter, d: Dims) -> None:
     fout.truncate(data_start + span)
 
 
-def _write_random(writer: GGUFWriter, d: Dims, rng: np.random.Generator) -> None:
+def _write_random(
+    writer: GGUFWriter, d: Dims, rng: np.random.Generator, types: dict[str, Q]
+) -> None:
     for spec in tensor_specs(d):
-        qtype = _SCALED_TYPES[spec.role]
+        qtype = types[spec.role]
         data = _random_tensor(spec, qtype, d, rng)
         writer.add_tensor(spec.name, data, raw_dtype=qtype if qtype == Q.Q8_0 else None)
     writer.write_header_to_file()
@@ -333,14 +347,18 @@ def write_deepseek4(
     mode: Mode,
     seed: int = 0,
     tokenizer_pre: str = "deepseek-v3",
+    weights: Weights = "quantized",
     **dims: int,
 ) -> Path:
     """Write a deepseek4 GGUF at `path`; `dims` override fields of `Dims` for that mode.
 
     `tokenizer_pre` is DeepSeek's own pre-tokenizer by default; "gpt-2" splits text without
-    std::regex, which a CUDA build of llama-cpp-python crashed in while loading the vocab."""
+    std::regex, which a CUDA build of llama-cpp-python crashed in while loading the vocab.
+    `weights` (scaled mode): "quantized" (Q8_0 experts and projections) or every matrix in
+    "f16"/"f32"."""
     if mode not in ("full", "scaled"):
         raise ValueError(f"mode must be 'full' or 'scaled', not {mode!r}")
+    types = _scaled_types(weights)
     out = Path(path)
     d = dataclasses.replace(FLASH if mode == "full" else SCALED, **dims)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -349,13 +367,13 @@ def write_deepseek4(
     if mode == "full":
         _write_sparse(writer, d)
     else:
-        _write_random(writer, d, np.random.default_rng(seed))
+        _write_random(writer, d, np.random.default_rng(seed), types)
     writer.close()
     return out
 
 
 def _make_gguf(args: argparse.Namespace) -> int:
-    path = write_deepseek4(args.out, mode=args.mode, seed=args.seed)
+    path = write_deepseek4(args.out, mode=args.mode, seed=args.seed, weights=args.weights)
     stat = path.stat()
     print(
         f"wrote {path} ({args.mode}): apparent size {stat.st_size / 2**20:,.1f} MiB, "
@@ -371,5 +389,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--mode", choices=("full", "scaled"), required=True)
     parser.add_argument("--seed", type=int, default=0, help="random weights of the scaled model")
+    parser.add_argument(
+        "--weights",
+        choices=("quantized", "f16", "f32"),
+        default="quantized",
+        help="scaled mode: Q8_0 matrices, or every matrix in F16 or F32",
+    )
     parser.add_argument("out", type=Path, help="the .gguf file to write")
     parser.set_defaults(run=_make_gguf)

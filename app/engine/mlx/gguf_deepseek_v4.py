@@ -1,0 +1,186 @@
+"""DeepSeek V4 GGUF files (llama.cpp arch `deepseek4`) on MLX: names, hyperparameters, build.
+
+llama.cpp's converter copies the checkpoint's tensors without permuting them, so a GGUF
+tensor read by `mx.load` (numpy order: the reverse of ggml's ne) has the Hugging Face shape,
+and each GGUF name maps onto one parameter of `deepseek_v4.Model`. Q4_0/Q4_1/Q8_0 arrive as
+MLX affine triplets and become quantized layers; F16/F32/BF16 and the types `mx.load`
+dequantizes arrive as floats; MXFP4 (the released experts) `mx.load` cannot read, and the
+load says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.utils import infer_quant_config
+
+from app.engine.mlx.deepseek_v4 import Model, ModelArgs
+from app.engine.protocol import ModelLoadError
+
+ARCHITECTURE = "deepseek4"
+# GGUF tensor -> module whose parameters it fills (".weight", ".scales", ... appended)
+_GLOBAL_MODULES = {"token_embd": "embed", "output_norm": "norm", "output": "head"}
+_LAYER_MODULES = {
+    "attn_norm": "attn_norm",
+    "attn_q_a": "attn.wq_a",
+    "attn_q_a_norm": "attn.q_norm",
+    "attn_q_b": "attn.wq_b",
+    "attn_kv": "attn.wkv",
+    "attn_kv_a_norm": "attn.kv_norm",
+    "attn_output_a": "attn.wo_a",
+    "attn_output_b": "attn.wo_b",
+    "attn_compressor_kv": "attn.compressor.wkv",
+    "attn_compressor_gate": "attn.compressor.wgate",
+    "attn_compressor_norm": "attn.compressor.norm",
+    "indexer.proj": "attn.indexer.weights_proj",
+    "indexer.attn_q_b": "attn.indexer.wq_b",
+    "indexer_compressor_kv": "attn.indexer.compressor.wkv",
+    "indexer_compressor_gate": "attn.indexer.compressor.wgate",
+    "indexer_compressor_norm": "attn.indexer.compressor.norm",
+    "ffn_norm": "ffn_norm",
+    "ffn_gate_exps": "ffn.switch_mlp.gate_proj",
+    "ffn_up_exps": "ffn.switch_mlp.up_proj",
+    "ffn_down_exps": "ffn.switch_mlp.down_proj",
+    "ffn_gate_shexp": "ffn.shared_experts.w1",
+    "ffn_down_shexp": "ffn.shared_experts.w2",
+    "ffn_up_shexp": "ffn.shared_experts.w3",
+}
+# GGUF tensor -> the one parameter it is
+_GLOBAL_ARRAYS = {
+    "output_hc_fn": "hc_head_fn",
+    "output_hc_base": "hc_head_base",
+    "output_hc_scale": "hc_head_scale",
+}
+_LAYER_ARRAYS = {
+    "attn_sinks": "attn.attn_sink",
+    "attn_compressor_ape": "attn.compressor.ape",
+    "indexer_compressor_ape": "attn.indexer.compressor.ape",
+    "hc_attn_fn": "hc_attn.fn",
+    "hc_attn_base": "hc_attn.base",
+    "hc_attn_scale": "hc_attn.scale",
+    "hc_ffn_fn": "hc_ffn.fn",
+    "hc_ffn_base": "hc_ffn.base",
+    "hc_ffn_scale": "hc_ffn.scale",
+    "ffn_gate_inp": "ffn.gate.weight",
+    "ffn_gate_tid2eid": "ffn.gate.tid2eid",
+    "exp_probs_b": "ffn.gate.bias",
+}
+
+
+def model_args(metadata: dict[str, Any]) -> ModelArgs:
+    """`ModelArgs` from the GGUF's `deepseek4.*` keys (llama.cpp's `load_arch_hparams`)."""
+
+    def get(key: str, default: Any = None) -> Any:
+        value = metadata.get(f"{ARCHITECTURE}.{key}", default)
+        if value is None:
+            raise ModelLoadError(
+                f"The GGUF has no {ARCHITECTURE}.{key}: it is not a complete model."
+            )
+        return value.tolist() if isinstance(value, mx.array) else value
+
+    n_layer = int(get("block_count"))
+    limits = get("swiglu_clamp_exp")
+    limits = limits if isinstance(limits, list) else [limits] * n_layer
+    if len(set(limits[:n_layer])) > 1:
+        raise ModelLoadError(
+            "This GGUF clamps SwiGLU differently per layer, which Stoke's MLX model does not."
+        )
+    if int(get("expert_gating_func")) != 4:
+        raise ModelLoadError(
+            "DeepSeek V4 routes with sqrt(softplus); this GGUF names another gating."
+        )
+    vocab = metadata.get("tokenizer.ggml.tokens")
+    rope_scaling = None
+    if metadata.get(f"{ARCHITECTURE}.rope.scaling.type") == "yarn":
+        rope_scaling = {
+            "type": "yarn",
+            "factor": float(get("rope.scaling.factor")),
+            "original_max_position_embeddings": int(get("rope.scaling.original_context_length")),
+            "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
+            "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0)),
+        }
+    try:
+        return ModelArgs(
+            vocab_size=int(get("vocab_size", len(vocab) if vocab else 0)),
+            hidden_size=int(get("embedding_length")),
+            num_hidden_layers=n_layer,
+            num_attention_heads=int(get("attention.head_count")),
+            head_dim=int(get("attention.key_length")),
+            qk_rope_head_dim=int(get("rope.dimension_count")),
+            q_lora_rank=int(get("attention.q_lora_rank")),
+            o_groups=int(get("attention.output_group_count")),
+            o_lora_rank=int(get("attention.output_lora_rank")),
+            sliding_window=int(get("attention.sliding_window")),
+            compress_ratios=[int(r) for r in get("attention.compress_ratios")],
+            compress_rope_theta=float(get("attention.compress_rope_freq_base")),
+            rope_theta=float(get("rope.freq_base", 10_000.0)),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(get("context_length")),
+            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+            index_n_heads=int(get("attention.indexer.head_count")),
+            index_head_dim=int(get("attention.indexer.key_length")),
+            index_topk=int(get("attention.indexer.top_k")),
+            n_routed_experts=int(get("expert_count")),
+            num_experts_per_tok=int(get("expert_used_count")),
+            n_shared_experts=int(get("expert_shared_count")),
+            moe_intermediate_size=int(get("expert_feed_forward_length")),
+            num_hash_layers=int(get("hash_layer_count")),
+            routed_scaling_factor=float(get("expert_weights_scale")),
+            norm_topk_prob=bool(get("expert_weights_norm")),
+            swiglu_limit=float(limits[0]),
+            hc_mult=int(get("hyper_connection.count")),
+            hc_sinkhorn_iters=int(get("hyper_connection.sinkhorn_iterations")),
+            hc_eps=float(get("hyper_connection.epsilon")),
+        )
+    except ValueError as exc:
+        raise ModelLoadError(f"The GGUF's DeepSeek V4 settings do not fit together: {exc}") from exc
+
+
+def mlx_name(gguf_name: str) -> str | None:
+    """The `deepseek_v4.Model` parameter a GGUF tensor fills (None: not one of its tensors)."""
+    base, _, suffix = gguf_name.rpartition(".")
+    modules, arrays, prefix = _GLOBAL_MODULES, _GLOBAL_ARRAYS, ""
+    if base.startswith("blk."):
+        _, layer, base = base.split(".", 2)
+        modules, arrays, prefix = _LAYER_MODULES, _LAYER_ARRAYS, f"layers.{layer}."
+    if base in arrays:
+        return prefix + arrays[base]
+    return f"{prefix}{modules[base]}.{suffix}" if base in modules else None
+
+
+def build(weights: dict[str, mx.array], metadata: dict[str, Any]) -> nn.Module:
+    """The DeepSeek V4 model holding the GGUF's tensors (quantized ones stay quantized)."""
+    args = model_args(metadata)
+    model = Model(args)
+    mapped: dict[str, mx.array] = {}
+    unknown = []
+    for name, tensor in weights.items():
+        target = mlx_name(name)
+        if target is None:
+            unknown.append(name)
+            continue
+        if target.endswith("attn.wo_a.weight") or target.endswith(
+            ("attn.wo_a.scales", "attn.wo_a.biases")
+        ):
+            # stored [groups * rank, width]; llama.cpp views it as one matrix per group
+            tensor = tensor.reshape(args.o_groups, args.o_lora_rank, -1)
+        mapped[target] = tensor
+    if unknown:
+        raise ModelLoadError(
+            f"The GGUF has tensors DeepSeek V4 does not ({', '.join(sorted(unknown)[:3])}"
+            f"{'…' if len(unknown) > 3 else ''})."
+        )
+
+    def quantized(path: str, module: nn.Module) -> dict[str, Any] | bool:
+        if not hasattr(module, "to_quantized") or f"{path}.scales" not in mapped:
+            return False
+        return infer_quant_config(path, module, mapped)
+
+    nn.quantize(model, class_predicate=quantized)
+    try:
+        model.load_weights(list(mapped.items()), strict=True)
+    except ValueError as exc:
+        raise ModelLoadError(f"The GGUF's tensors do not fit a DeepSeek V4 model: {exc}") from exc
+    return model

@@ -1,0 +1,82 @@
+"""Stoke's MLX DeepSeek V4 against llama.cpp's `deepseek4` on random scaled GGUFs.
+
+Both read the same F32 tensors; llama.cpp keeps its caches in F32 and runs without flash
+attention, so the two differ only by summation order: raw window, 4:1 rows, 128:1 rows,
+hash-routed and scored MoE layers, hyper-connections. With `indexer_top_k` 512 every visible
+4:1 row is attended and the logits must agree to 1e-3 everywhere. With the scaled default of
+8 (of up to 64 rows) the indexer really picks; there Stoke's indexer reads Q and K in fp16
+(the kernels' precision contract) where llama.cpp's CPU path keeps Q in fp32, so a near-tie
+at the 8th row can go the other way and its effect spreads to later rows: the acceptance is
+top-1 agreement on >= 99% of positions, and the largest difference is reported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import llama_cpp
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from app.engine.mlx.gguf_deepseek_v4 import build
+from app.hardware.synthetic_gguf import write_deepseek4
+
+N_TOKENS = 256
+GGML_TYPE_F32 = 0
+# 16 indexer heads: with the scaled default of 4, ReLU zeroes every head of many rows and
+# their scores tie exactly at 0, where llama.cpp's std::partial_sort and any canonical order
+# pick different rows. DeepSeek V4 Flash has 64 heads.
+DIMS = {"indexer_heads": 16}
+
+
+@pytest.fixture(scope="module")
+def tokens() -> list[int]:
+    return np.random.default_rng(7).integers(2, 512, N_TOKENS).tolist()
+
+
+def llamacpp_logits(path: Path, tokens: list[int]) -> np.ndarray:
+    llm = llama_cpp.Llama(
+        str(path),
+        n_ctx=512,
+        n_batch=N_TOKENS,
+        n_ubatch=N_TOKENS,
+        logits_all=True,
+        type_k=GGML_TYPE_F32,
+        type_v=GGML_TYPE_F32,
+        flash_attn=False,
+        n_threads=2,
+        verbose=False,
+    )
+    try:
+        llm.eval(tokens)
+        return np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("top_k", [512, 8])
+def test_next_token_logits_match_llamacpp(tmp_path: Path, tokens: list[int], top_k: int) -> None:
+    gguf = write_deepseek4(
+        tmp_path / "dsv4-f32.gguf",
+        mode="scaled",
+        seed=4,
+        weights="f32",
+        indexer_top_k=top_k,
+        **DIMS,
+    )
+    weights, metadata = mx.load(str(gguf), return_metadata=True)
+    model = build(weights, metadata)
+    ours = np.array(model(mx.array([tokens]))[0])
+    theirs = llamacpp_logits(gguf, tokens)
+
+    top1 = float((ours.argmax(-1) == theirs.argmax(-1)).mean())
+    max_abs = float(np.abs(ours - theirs).max())
+    print(
+        f"\nDeepSeek V4 MLX vs llama.cpp, indexer top-{top_k}, {N_TOKENS} tokens: top-1 "
+        f"agreement {top1:.2%}, max |logit difference| {max_abs:.2e} "
+        f"(logits up to {np.abs(theirs).max():.2f})"
+    )
+    assert top1 >= 0.99
+    if top_k >= N_TOKENS // 4:  # no selection: the same function, to rounding
+        assert max_abs < 1e-3
