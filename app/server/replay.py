@@ -111,7 +111,8 @@ def _key(kind: str, text: str) -> bytes:
 
 
 class ReplyStore:
-    """Text a client saw -> the exact ids of the reply. In memory, newest replies kept."""
+    """Text a client saw -> the exact ids of the reply. In memory; keeps the newest
+    `max_replies` or more (each reply is filed under up to four keys)."""
 
     def __init__(self, max_replies: int = MAX_REPLIES) -> None:
         self._entries: OrderedDict[bytes, StoredReply] = OrderedDict()
@@ -130,7 +131,7 @@ class ReplyStore:
         content: str | None = None,
     ) -> None:
         """Remember a reply: its full text, and its content when reasoning was split off."""
-        reply = StoredReply(tuple(tokens), fingerprint, reasoning)
+        reply = StoredReply(tuple(tokens), fingerprint, reasoning.strip())
         keys = [_key("full", text), _key("full-trim", text.strip())]
         if content is not None and content.strip() and content != text:
             keys += [_key("content", content), _key("content-trim", content.strip())]
