@@ -1,6 +1,8 @@
 """The remote engine drives real servers on loopback, through the whole app path: ChatSession
 over an EngineClient whose child runs app/engine/remote.py against the server.
 
+(a) A second `stoke serve` process: token-id prompts and sampled ids both ways (`tokens`
+mode), so each turn's prompt extends the last exactly and the server reports it cached.
 (b) `python -m llama_cpp.server` with the default model: its /v1/completions takes text only,
 so the engine runs in `text` mode; the test checks that what the server tokenizes from each
 turn is exactly Stoke's transcript, which is what its prefix cache compares.
@@ -9,6 +11,7 @@ turn is exactly Stoke's transcript, which is what its prefix cache compares.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -22,6 +25,7 @@ import pytest
 from app.conversations import ConversationStore
 from app.engine.host import EngineClient
 from app.engine.protocol import LoadOptions, ModelLoadError, RemoteOptions
+from app.remote_config import KEY_ENV
 from app.session import ChatSession
 
 pytestmark = pytest.mark.e2e
@@ -95,6 +99,35 @@ def llama_cpp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         process.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def stoke_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`stoke serve` in its own process and its own STOKE_HOME."""
+    from app.models.default import default_model_path
+
+    home = tmp_path_factory.mktemp("stoke-serve")
+    port = free_port()
+    log = home / "serve.log"
+    env = {**os.environ, "STOKE_HOME": str(home / "home")}
+    env.pop(KEY_ENV, None)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "app", "serve", "--model", str(default_model_path())),
+                *("--ctx", "4096", "--port", str(port), "--api-key", API_KEY),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(url, process, log, API_KEY)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
 def remote_options(model_path: str, url: str, **remote: object) -> LoadOptions:
     return LoadOptions(
         model_path, n_ctx=4096, remote=RemoteOptions(url, **{"api_key": API_KEY, **remote})
@@ -134,6 +167,43 @@ def test_session_over_llama_cpp_server_sends_the_exact_transcript(
                 reply = store.get_message(result.reply_message_id)
                 assert reply.token_ids == result.token_ids
                 assert tokenizer.detokenize(reply.token_ids) == reply.content
+                previous = prompt + result.token_ids
+        finally:
+            await client.close()
+
+    run(scenario())
+
+
+def test_session_over_stoke_serve_reuses_the_servers_cache(
+    stoke_server: str, store: ConversationStore, model_path: str, run
+) -> None:
+    async def scenario() -> None:
+        client = EngineClient(remote_options(model_path, stoke_server))
+        await client.start()
+        try:
+            session = ChatSession(store, client)
+            # an agent-sized history: follow-ups are then a few percent of each prompt
+            notes = "\n".join(
+                f"Town {i} has {i * 3 + 1} bridges and {i + 7} bakeries." for i in range(60)
+            )
+            conversation = store.create_conversation(system_prompt=f"Answer briefly.\n{notes}")
+            store.set_sampling(conversation.id, {"temperature": 0.0, "max_tokens": 24})
+            previous: list[int] = []
+            for turn, text in enumerate((*TURNS, "Thank you. One more fact about it?")):
+                result = await session.send(conversation.id, text)
+                assert result.status == "complete", result
+                prompt = session.transcript(
+                    store.get_conversation(conversation.id),
+                    store.path_to(result.user_message_id),
+                ).prompt()
+                assert prompt[: len(previous)] == previous  # appended, never rewritten
+                stats = result.stats
+                assert stats.prompt_tokens == len(prompt)
+                if turn > 0:  # the server's own count of what its cache already held
+                    assert stats.reused_tokens / stats.prompt_tokens >= 0.95, (turn, stats)
+                    assert stats.reused_tokens >= len(previous)  # all of the last turn
+                reply = store.get_message(result.reply_message_id)
+                assert reply.token_ids == result.token_ids and reply.token_ids
                 previous = prompt + result.token_ids
         finally:
             await client.close()
