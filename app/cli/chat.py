@@ -104,11 +104,15 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
 
 def _remote_load_options(args: argparse.Namespace, settings: Settings) -> LoadOptions:
     """A server runs the model; a local GGUF of it (if any) gives exact tokens."""
+
+    def flag(name: str) -> str | None:  # callers that build args by hand may omit these
+        return getattr(args, name, None)
+
     remote = remote_options(
-        settings, url=args.remote_url, model=args.remote_model, mode=args.remote_mode
+        settings, url=flag("remote_url"), model=flag("remote_model"), mode=flag("remote_mode")
     )
-    tokenizer = args.remote_tokenizer or settings.remote_tokenizer or ""
-    return LoadOptions(model_path=tokenizer, n_ctx=args.ctx or settings.n_ctx, remote=remote)
+    tokenizer = flag("remote_tokenizer") or settings.remote_tokenizer or ""
+    return LoadOptions(model_path=tokenizer, n_ctx=flag("ctx") or settings.n_ctx, remote=remote)
 
 
 class UserError(Exception):

@@ -54,6 +54,7 @@ from app.ui.composer import Composer
 from app.ui.hardware_wizard import HardwareWizard
 from app.ui.models import MessageView
 from app.ui.models_page import ModelsDialog
+from app.ui.remote_settings import RemoteSettingsDialog
 from app.ui.settings_panel import ConversationSettings
 from app.ui.sidebar import Sidebar
 
@@ -204,6 +205,7 @@ class MainWindow(QMainWindow):
         self.addAction(self._shortcut_action(QKeySequence("Ctrl+,"), self.toggle_settings))
         settings_menu = bar.addMenu("&Settings")
         action(settings_menu, "Hardware…", self.open_hardware_wizard, name="hardware")
+        action(settings_menu, "Remote Server…", self.open_remote_settings, name="remote")
         themes = view.addMenu("Theme")
         for name in theme.THEMES:
             action(themes, name.title(), lambda _=False, n=name: self.apply_theme(n))
@@ -519,6 +521,18 @@ class MainWindow(QMainWindow):
         )
         wizard.open()
         return wizard
+
+    def open_remote_settings(self) -> RemoteSettingsDialog:
+        """Settings > Remote Server: chat through an OpenAI-compatible server."""
+        dialog = RemoteSettingsDialog(self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(
+            lambda: self.statusBar().showMessage(
+                "Remote server saved: the engine uses it from the next start", 4000
+            )
+        )
+        dialog.open()
+        return dialog
 
     def toggle_settings(self) -> None:
         self.settings_dock.setVisible(not self.settings_dock.isVisible())
