@@ -621,7 +621,11 @@ def main() -> int:
         "python": platform.python_version(),
     }
     info = inspect_gguf(args.model)
-    budgets = [DeviceBudget(g, int(args.budget_gib * GIB)) for g in gpus]
+    totals = [g["total"] * MIB for g in base] or [None] * len(gpus)
+    budgets = [
+        DeviceBudget(g, int(args.budget_gib * GIB), total=t)
+        for g, t in zip(gpus, totals, strict=False)
+    ]
     asked = {
         "ram_bytes": ram_available(), "n_ctx": args.n_ctx, "n_ubatch": args.n_ubatch,
         "margin": args.margin,

@@ -104,7 +104,7 @@ def _detected(args: argparse.Namespace) -> tuple[list[DeviceBudget], int, list[s
 
     hw = detect()
     notes = list(hw.notes)
-    gpus = [DeviceBudget(g.name, g.memory_free, g.backend, g.description) for g in hw.gpus]
+    gpus = [DeviceBudget.of(g) for g in hw.gpus]
     if gpus and not hw.gpu_offload:
         notes.append(hw.rebuild_hint or "This llama.cpp cannot offload to the GPU.")
         gpus = []

@@ -20,7 +20,8 @@ How a plan is built, for one micro-batch:
 3. The first GPU stages host-memory experts for prefill, so its compute buffer depends on what
    stayed in RAM: it is recomputed from the final placement, which only ever lowers it.
 A plan is never over a budget by its own model: each budget is first cut by the margin
-(a fraction, plus 256 MiB per GPU for the driver's context).
+(a fraction) and by what the GPU runtime keeps for itself (0.5% of the device, at least
+256 MiB: `GPU_RESERVE`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
+from app.hardware.detect import GpuInfo
 from app.hardware.memory import (
     COMPUTE_CALIBRATION,
     GIB,
@@ -50,7 +52,11 @@ from app.models.gguf_info import GGUFInfo, TensorInfo
 
 Profile = Literal["balanced", "prefill-heavy", "decode-heavy"]
 PROFILES: tuple[Profile, ...] = ("balanced", "prefill-heavy", "decode-heavy")
-GPU_RESERVE = 256 * MIB  # the driver's context and what the margin fraction misses
+# What the GPU runtime itself keeps beside llama.cpp's buffers (context, kernels, cuBLAS
+# workspaces): 715-718 MiB per H200 (141 GiB, CUDA 13) after a prefill, 0.5% of the device;
+# smaller cards have fewer SMs and smaller contexts, so the floor is 256 MiB.
+GPU_RESERVE = 256 * MIB
+GPU_RESERVE_FRACTION = 0.005
 _INPUT_PREFIXES = ("token_embd.", "position_embd.", "token_types.", "per_layer_token_embd.")
 _UBATCHES: dict[str, tuple[int, ...]] = {
     "prefill-heavy": (4096, 2048, 1024, 512),
@@ -71,6 +77,17 @@ class DeviceBudget:
     # (micro-batch, bytes): this device's compute buffer as llama.cpp's own dry run of a plan
     # measured it on this machine (`refine`); used instead of the calibrated envelope.
     measured_compute: tuple[tuple[int, int], ...] = ()
+    total: int | None = None  # the device's whole memory, when known (sizes the reserve)
+
+    @classmethod
+    def of(cls, gpu: GpuInfo) -> DeviceBudget:
+        """A detected GPU, its free memory as the budget."""
+        return cls(gpu.name, gpu.memory_free, gpu.backend, gpu.description, total=gpu.memory_total)
+
+    @property
+    def reserve(self) -> int:
+        """Bytes the GPU runtime takes beside llama.cpp's buffers (see GPU_RESERVE)."""
+        return max(GPU_RESERVE, int((self.total or self.budget) * GPU_RESERVE_FRACTION))
 
 
 @dataclass(frozen=True)
@@ -778,7 +795,7 @@ def _best(
     swa_full: bool | None,
     kv_offload: bool,
 ) -> tuple[_Layout, list[str]]:
-    caps = [int(d.budget * (1 - margin)) - GPU_RESERVE for d in devices]
+    caps = [int(d.budget * (1 - margin)) - d.reserve for d in devices]
     ram_cap = int(ram_bytes * (1 - margin))
     ubatches = (n_ubatch,) if n_ubatch else _UBATCHES[profile]
     layouts = {}

@@ -26,7 +26,7 @@ from typing import Any
 
 from app import paths
 from app.hardware.detect import Hardware
-from app.hardware.planner import GPU_RESERVE, DeviceBudget, Plan, plan
+from app.hardware.planner import DeviceBudget, Plan, plan
 from app.models.gguf_info import GGUFInfo
 
 FITS_GPU = "fits on GPU"
@@ -85,7 +85,9 @@ def budget(hardware: Hardware) -> Budget:
         return Budget(gpu, max(total - gpu, 0))
     if not hardware.gpu_offload:  # llama.cpp built for the CPU cannot use the GPUs
         return Budget(0, total)
-    gpu = sum(max(g.memory_total - GPU_RESERVE, 0) for g in hardware.gpus)
+    gpu = sum(
+        max(g.memory_total - DeviceBudget(g.name, g.memory_total).reserve, 0) for g in hardware.gpus
+    )
     return Budget(gpu, total)
 
 
@@ -127,7 +129,9 @@ def _devices(hardware: Hardware) -> tuple[list[DeviceBudget], int]:
         )
     if not hardware.gpu_offload:
         return [], ram
-    return [DeviceBudget(g.name, g.memory_total, g.backend) for g in hardware.gpus], ram
+    return [
+        DeviceBudget(g.name, g.memory_total, g.backend, total=g.memory_total) for g in hardware.gpus
+    ], ram
 
 
 def _planned(entry: CatalogEntry, hardware: Hardware) -> Fit:

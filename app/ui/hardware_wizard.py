@@ -207,7 +207,7 @@ def budgets(hw: Hardware) -> tuple[list[DeviceBudget], int]:
     """GPUs llama.cpp can use, with their free memory as budgets, and the RAM budget."""
     if not hw.gpu_offload:
         return [], hw.memory.available
-    gpus = [DeviceBudget(g.name, g.memory_free, g.backend, g.description) for g in hw.gpus]
+    gpus = [DeviceBudget.of(g) for g in hw.gpus]
     return gpus, hw.memory.available
 
 
