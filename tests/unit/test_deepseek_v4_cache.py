@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache, trim_prompt_cache
 
 from app.engine.mlx.deepseek_v4 import DeepseekV4Cache, Model, ModelArgs
 
@@ -171,3 +172,16 @@ def test_checkpoint_interval_must_cover_every_ratio() -> None:
 def test_one_sequence_at_a_time(model) -> None:
     with pytest.raises(ValueError, match="one sequence"):
         model(mx.zeros((2, 3), mx.int32))
+
+
+def test_save_and_load_through_mlx_lm(model, tokens, one_pass, tmp_path) -> None:
+    cache = model.make_cache(history=20)
+    run(model, cache, tokens[:200], [130, 70])
+    path = str(tmp_path / "cache.safetensors")
+    save_prompt_cache(path, cache)
+    loaded = load_prompt_cache(path)
+    assert [type(c) for c in loaded] == [DeepseekV4Cache] * len(cache)
+    assert [c.offset for c in loaded] == [200] * len(cache)
+    again = run(model, loaded, tokens[200:], [90, 5])
+    assert np.abs(again - one_pass[200:]).max() < TOL
+    assert trim_prompt_cache(loaded, N - 150) == N - 128  # its checkpoints came along

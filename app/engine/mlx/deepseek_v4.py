@@ -47,6 +47,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.base import BaseModelArgs
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchLinear
 
@@ -322,6 +323,49 @@ class DeepseekV4Cache:
         self.__dict__.update(copy.__dict__)
 
     @property
+    def state(self) -> dict[str, Any]:
+        """Everything as arrays and scalars: mlx-lm's `save_prompt_cache` writes it as is."""
+        compressors = {}
+        for name, c in self.compressors.items():
+            held = {"pending": c.pending, **{f"cp{k}": p for k, p in c.checkpoints.items()}}
+            compressors[name] = {
+                "ratio": c.ratio,
+                "rows": c.rows.view() if c.rows.n else None,
+                **{
+                    key: {"kv": p.kv, "score": p.score, "start": p.start} for key, p in held.items()
+                },
+            }
+        return {
+            "ratio": self.ratio,
+            "history": self.history,
+            "checkpoint_every": self.checkpoint_every,
+            "offset": self.offset,
+            "floor": self.floor,
+            "raw": self.raw.view() if self.raw.n else None,
+            "compressors": compressors,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> DeepseekV4Cache:
+        """The inverse of `state` (mlx-lm's `load_prompt_cache` calls it)."""
+        cache = cls(state["ratio"], state["history"], state["checkpoint_every"])
+        cache.offset, cache.floor = state["offset"], state["floor"]
+        if state["raw"] is not None:
+            cache.raw.append(state["raw"])
+        for name, held in state.get("compressors", {}).items():  # empty ones are not saved
+            pending = held["pending"]
+            c = cache.compressor(name, held["ratio"], pending["kv"].shape[1])
+            if held["rows"] is not None:
+                c.rows.append(held["rows"])
+            c.pending = _Pending(pending["kv"], pending["score"], pending["start"])
+            c.checkpoints = {
+                int(key[2:]): _Pending(p["kv"], p["score"], p["start"])
+                for key, p in held.items()
+                if key.startswith("cp")
+            }
+        return cache
+
+    @property
     def nbytes(self) -> int:
         arrays = [self.raw.view()] if self.raw.buf is not None else []
         for s in self.compressors.values():
@@ -330,6 +374,10 @@ class DeepseekV4Cache:
             for p in (s.pending, *s.checkpoints.values()):
                 arrays += [p.kv, p.score]
         return sum(a.nbytes for a in arrays)
+
+
+# mlx-lm's load_prompt_cache finds a cache class by its name among its own module's globals.
+setattr(mlx_cache, DeepseekV4Cache.__name__, DeepseekV4Cache)
 
 
 def _empty_like(p: _Pending) -> _Pending:
