@@ -132,7 +132,7 @@ SCORE_SOURCE = r"""
   for (int j = 0; j < 4; ++j) {
     const int s = ws0 + j * 8 + (lane >> 2);
     const bool ok = active && s < S;
-    const __half* krow = k + static_cast<size_t>(ok ? s : 0) * D + (lane & 3) * 2;
+    const __half* krow = k + static_cast<int64_t>(ok ? s : 0) * D + (lane & 3) * 2;
 #pragma unroll
     for (int t = 0; t < KSTEPS; ++t) {
       kb[j][t][0] = ok ? *reinterpret_cast<const unsigned*>(krow + t * 16) : 0u;
@@ -146,10 +146,10 @@ SCORE_SOURCE = r"""
       const int ch = c % CPR;
       const int l = min(l0 + r, L - 1);
       stoke_cp16(&q_tile[stage][r * D + ((ch ^ (r & SWZ)) * 8)],
-                 q + (static_cast<size_t>(l) * H + h) * D + ch * 8);
+                 q + (static_cast<int64_t>(l) * H + h) * D + ch * 8);
     }
     if (tid < BQ) {
-      stoke_cp4(&w_tile[stage][tid], w + static_cast<size_t>(min(l0 + tid, L - 1)) * H + h);
+      stoke_cp4(&w_tile[stage][tid], w + static_cast<int64_t>(min(l0 + tid, L - 1)) * H + h);
     }
   };
 
@@ -218,7 +218,7 @@ SCORE_SOURCE = r"""
       for (int half = 0; half < 2; ++half) {
         const int row = l0 + mi * 16 + (lane >> 2) + half * 8;
         if (row < L) {
-          float* out = scores + static_cast<size_t>(row) * S;
+          float* out = scores + static_cast<int64_t>(row) * S;
           if (col < S) out[col] = acc[mi][j][half * 2];
           if (col + 1 < S) out[col + 1] = acc[mi][j][half * 2 + 1];
         }
@@ -241,7 +241,7 @@ SELECT_SOURCE = r"""
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int n = max(0, min(nv[row], S));
-  const float* srow = scores + static_cast<size_t>(row) * S;
+  const float* srow = scores + static_cast<int64_t>(row) * S;
 
   int count = 0;                     // the same in every thread
   unsigned long long thr = 0ull;     // keep keys above it; every real key is > 0
@@ -281,7 +281,7 @@ SELECT_SOURCE = r"""
   __syncthreads();
   stoke_bitonic_desc<TPB>(cand, P, tid);
   for (int j = tid; j < K; j += TPB) {
-    out[static_cast<size_t>(row) * K + j] =
+    out[static_cast<int64_t>(row) * K + j] =
         j < count ? static_cast<int>(0xFFFFFFFFu - static_cast<unsigned>(cand[j] & 0xFFFFFFFFull))
                   : -1;
   }
