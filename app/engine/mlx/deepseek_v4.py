@@ -50,6 +50,7 @@ import numpy as np
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.base import BaseModelArgs
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchLinear
+from mlx_lm.utils import infer_quant_config
 
 from app.engine.mlx.kernels.reference import reference_top_k
 
@@ -374,6 +375,37 @@ class DeepseekV4Cache:
             for p in (s.pending, *s.checkpoints.values()):
                 arrays += [p.kv, p.score]
         return sum(a.nbytes for a in arrays)
+
+
+_PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+_FP8_BLOCK = 128  # DeepSeek's FP8 matrices carry one scale per 128 x 128 block
+
+
+def _e8m0(scale: mx.array) -> mx.array:
+    """Scales as floats: E8M0 bytes are biased powers of two."""
+    if scale.dtype == mx.uint8:
+        return mx.power(2.0, scale.astype(mx.float32) - 127.0)
+    return scale.astype(mx.float32)
+
+
+def _dequantize_fp8(weight: mx.array, scale: mx.array) -> mx.array:
+    """An FP8 (E4M3) matrix with per-block scales, as bfloat16."""
+    if weight.dtype not in (mx.uint8, mx.int8):
+        return weight
+    rows, cols = weight.shape
+    values = mx.from_fp8(weight.view(mx.uint8), dtype=mx.float32)
+    factors = mx.repeat(mx.repeat(_e8m0(scale), _FP8_BLOCK, axis=0), _FP8_BLOCK, axis=1)
+    return (values * factors[:rows, :cols]).astype(mx.bfloat16)
+
+
+def _fp4_or_float(weight: mx.array, scale: mx.array | None) -> tuple[mx.array, mx.array | None]:
+    """One routed expert's matrix: packed FP4 bytes as MLX mxfp4 (uint32 words, uint8
+    scales), FP8 dequantized, floats as they are."""
+    if scale is None:
+        return weight, None
+    if weight.shape[-1] == 16 * scale.shape[-1]:  # two codes a byte, 32 codes a scale
+        return weight.view(mx.uint8).view(mx.uint32), scale.view(mx.uint8)
+    return _dequantize_fp8(weight, scale), None
 
 
 # mlx-lm's load_prompt_cache finds a cache class by its name among its own module's globals.
@@ -749,6 +781,61 @@ class Model(nn.Module):
         """The activations' type: the weights' (the scales' when they are quantized)."""
         head = self.head
         return head.scales.dtype if hasattr(head, "scales") else head.weight.dtype
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """A Hugging Face DeepSeek V4 checkpoint (or an MLX one) as this model's parameters.
+
+        Renames the hyper-connection tensors, stacks the routed experts for SwitchGLU,
+        dequantizes FP8 block-scaled matrices, and keeps the FP4 experts packed: their bytes
+        are MLX's mxfp4 layout already (two E2M1 codes per byte, low nibble first, one E8M0
+        exponent per 32), so those layers become quantized ones here. Drops the MTP block
+        and the vision-only routing bias. Idempotent on its own output.
+        """
+        args = self.args
+        out: dict[str, mx.array] = {}
+        experts: dict[str, list[tuple[int, mx.array, mx.array | None]]] = {}
+        for name, value in weights.items():
+            quant_scale = name.endswith(".scale") and name[:-6] + ".weight" in weights
+            if name.startswith("mtp.") or name.endswith(".bias_vl") or quant_scale:
+                continue
+            layer, _, rest = name.removeprefix("layers.").partition(".")
+            if name.startswith("layers.") and rest.startswith(("hc_attn_", "hc_ffn_")):
+                stage, _, part = rest.partition("_")[2].partition("_")
+                name = f"layers.{layer}.hc_{stage}.{part}"
+            scale = weights.get(name.removesuffix(".weight") + ".scale")
+            if rest.startswith("ffn.experts."):
+                expert, proj, _ = rest.removeprefix("ffn.experts.").split(".")
+                experts.setdefault(f"layers.{layer}.ffn.switch_mlp.{_PROJ[proj]}", []).append(
+                    (int(expert), value, scale)
+                )
+                continue
+            if name.endswith(".gate.bias") and int(layer) < args.num_hash_layers:
+                continue  # hash layers route by table; llama.cpp drops this bias too
+            if name.endswith("tid2eid"):
+                value = value.astype(mx.int32)
+            elif scale is not None:
+                value = _dequantize_fp8(value, scale)
+            if ".attn.wo_a." in name and value.ndim == 2:
+                value = value.reshape(args.o_groups, args.o_lora_rank, -1)
+            out[name] = value
+        for path, parts in experts.items():
+            parts.sort(key=lambda part: part[0])
+            packed = [_fp4_or_float(value, scale) for _, value, scale in parts]
+            out[f"{path}.weight"] = mx.stack([w for w, _ in packed])
+            if packed[0][1] is not None:
+                out[f"{path}.scales"] = mx.stack([sc for _, sc in packed])
+        self._quantize_for(out)
+        return out
+
+    def _quantize_for(self, weights: dict[str, mx.array]) -> None:
+        """Swap in quantized layers wherever the checkpoint brings packed weights."""
+
+        def packed(path: str, module: nn.Module) -> dict[str, Any] | bool:
+            if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
+                return False
+            return infer_quant_config(path, module, weights)
+
+        nn.quantize(self, class_predicate=packed)
 
     def make_cache(
         self, history: int = 256, checkpoint_every: int = HCA_RATIO

@@ -14,7 +14,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.utils import infer_quant_config
 
 from app.engine.mlx.deepseek_v4 import Model, ModelArgs
 from app.engine.protocol import ModelLoadError
@@ -152,35 +151,22 @@ def mlx_name(gguf_name: str) -> str | None:
 
 def build(weights: dict[str, mx.array], metadata: dict[str, Any]) -> nn.Module:
     """The DeepSeek V4 model holding the GGUF's tensors (quantized ones stay quantized)."""
-    args = model_args(metadata)
-    model = Model(args)
+    model = Model(model_args(metadata))
     mapped: dict[str, mx.array] = {}
     unknown = []
     for name, tensor in weights.items():
         target = mlx_name(name)
         if target is None:
             unknown.append(name)
-            continue
-        if target.endswith("attn.wo_a.weight") or target.endswith(
-            ("attn.wo_a.scales", "attn.wo_a.biases")
-        ):
-            # stored [groups * rank, width]; llama.cpp views it as one matrix per group
-            tensor = tensor.reshape(args.o_groups, args.o_lora_rank, -1)
-        mapped[target] = tensor
+        else:
+            mapped[target] = tensor
     if unknown:
         raise ModelLoadError(
             f"The GGUF has tensors DeepSeek V4 does not ({', '.join(sorted(unknown)[:3])}"
             f"{'…' if len(unknown) > 3 else ''})."
         )
-
-    def quantized(path: str, module: nn.Module) -> dict[str, Any] | bool:
-        if not hasattr(module, "to_quantized") or f"{path}.scales" not in mapped:
-            return False
-        return infer_quant_config(path, module, mapped)
-
-    nn.quantize(model, class_predicate=quantized)
     try:
-        model.load_weights(list(mapped.items()), strict=True)
+        model.load_weights(list(model.sanitize(mapped).items()), strict=True)
     except ValueError as exc:
         raise ModelLoadError(f"The GGUF's tensors do not fit a DeepSeek V4 model: {exc}") from exc
     return model
