@@ -52,7 +52,7 @@ from mlx_lm.models.base import BaseModelArgs
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchLinear
 from mlx_lm.utils import infer_quant_config
 
-from app.engine.mlx.kernels.reference import reference_top_k
+from app.engine.mlx.kernels import top_k_indices
 
 CSA_RATIO = 4  # compressed 4:1, overlapping blocks, picked by the lightning indexer
 HCA_RATIO = 128  # compressed 128:1, every row visible
@@ -496,7 +496,13 @@ class Compressor(nn.Module):
 
 
 class Indexer(nn.Module):
-    """The lightning indexer: scores compressed rows per query, keeps the top `index_topk`."""
+    """The lightning indexer: scores compressed rows per query, keeps the top `index_topk`.
+
+    The scoring and selection are `kernels.top_k_indices`: Metal kernels on an Apple GPU, the
+    CUDA twin under mlx-cuda, the pure-MLX reference elsewhere (`STOKE_INDEXER_IMPL` forces
+    one). llama.cpp also rotates the indexer's Q and K by a Hadamard matrix before storing
+    K; that rotation is orthonormal, so it leaves every score as it is and is not done here.
+    """
 
     def __init__(self, args: ModelArgs, rope: RoPE) -> None:
         super().__init__()
@@ -523,7 +529,7 @@ class Indexer(nn.Module):
         q = self.wq_b(qr).reshape(n_q, self.n_heads, self.head_dim)
         q = self._rope(q.swapaxes(0, 1), cache.offset).swapaxes(0, 1)
         weights = self.weights_proj(x) * (self.head_dim * self.n_heads) ** -0.5
-        return reference_top_k(q, weights, keys, n_visible, self.top_k)
+        return top_k_indices(q, weights, keys, n_visible, self.top_k)
 
 
 class Attention(nn.Module):
