@@ -63,18 +63,26 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, config: ServerConfig, key: auth.ApiKey) -> int:
     engine = EngineClient(chat.load_options(args), log_path=paths.cache_dir() / "engine.log")
-    print(f"Loading {engine.options.model_path} ...", file=sys.stderr)
-    await engine.start()
     server = ApiServer(engine, config)
+    loading = asyncio.ensure_future(engine.start())
+    await asyncio.sleep(0)  # the engine is starting: a request now waits for the model
     try:
-        url = await server.start()
+        url = await server.start()  # the port first: a taken one fails before a long load
     except OSError as exc:
+        loading.cancel()
         await engine.close()
         print(
-            f"stoke: cannot listen on {config.host}:{config.port}: {exc.strerror}.", file=sys.stderr
+            f"stoke: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}. "
+            "Choose another port with --port.",
+            file=sys.stderr,
         )
-        print("Choose another port with --port.", file=sys.stderr)
         return 1
+    print(f"Loading {engine.options.model_path} ...", file=sys.stderr, flush=True)
+    try:
+        await loading
+    except BaseException:
+        await server.stop()
+        raise
     print(f"Serving {server.model_id} at {url}", flush=True)
     if key.source == "keychain":
         print(f"{key.where} `stoke serve --show-key` prints it.", flush=True)

@@ -1,0 +1,340 @@
+"""`stoke bench serve`: time to first token of stateless API clients, one conversation alone
+and two or four interleaved, against `stoke serve` and against llama-cpp-python's own
+OpenAI server with its prompt cache (`python -m llama_cpp.server --cache True`, the anchor).
+
+Both servers run as real processes on loopback with the same model, context, batch and
+threads; both are driven by the official openai client, streaming, greedy. A client sends
+the whole history every turn, with the server's own earlier replies, as agents do.
+*Interleaved* means round-robin: turn 1 of every conversation, then turn 2 of every
+conversation, and so on, so each request follows one from another conversation. Times are
+client-side: the request sent to the first streamed content. Each scenario uses
+conversations no earlier scenario has seen (distinct documents, one shared system prompt).
+Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.kv import machine, median
+
+if TYPE_CHECKING:
+    import openai
+
+API_KEY = "sk-bench"
+SYSTEM = (
+    "You are a terse assistant. Answer from the notes the user gives; when unsure, say so "
+    "in one sentence."
+)
+FOLLOW_UPS = (
+    "Which town has the most?",
+    "Say that again in five words.",
+    "Name one more town from the notes.",
+    "Is that a lot?",
+    "Which town has the fewest?",
+    "Thanks. One last word?",
+    "And the second one?",
+)
+TOPICS = (
+    "harbour",
+    "glacier",
+    "orchard",
+    "lighthouse",
+    "violin",
+    "comet",
+    "market",
+    "forest",
+    "bridge",
+    "desert",
+    "library",
+    "river",
+    "volcano",
+    "train",
+)
+STARTUP_S = 300
+SERVERS = ("stoke", "anchor")
+
+
+def document(topic: str, facts: int, tag: str) -> str:
+    """A first message no other conversation starts with (the tag comes first)."""
+    lines = [
+        f"Notes on the {topic} of town {i}: it has {i * 3 + 1} {topic}s." for i in range(facts)
+    ]
+    head = f"[{tag}] Read these notes about {topic}s.\n"
+    return head + "\n".join(lines) + "\nWhich town is first?"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(url: str, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_S
+    request = urllib.request.Request(
+        f"{url}/models", headers={"Authorization": f"Bearer {API_KEY}"}
+    )
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited: {log.read_text('utf-8', 'replace')[-2000:]}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=2):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the server at {url} did not start within {STARTUP_S} s")
+
+
+@contextlib.contextmanager
+def _process(command: list[str], log: Path, env: dict[str, str]) -> Iterator[subprocess.Popen]:
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def stoke_server(model: str, n_ctx: int, home: Path) -> Iterator[str]:
+    """`stoke serve` as a child process; yields its base URL."""
+    port = _free_port()
+    env = {**os.environ, "STOKE_HOME": str(home / "stoke"), "STOKE_API_KEY": API_KEY}
+    command = [sys.executable, "-m", "app", "serve", "--model", model, "--ctx", str(n_ctx)]
+    command += ["--port", str(port)]
+    log = home / "stoke-serve.log"
+    with _process(command, log, env) as process:
+        url = f"http://127.0.0.1:{port}/v1"
+        _wait_ready(url, process, log)
+        yield url
+
+
+@contextlib.contextmanager
+def anchor_server(model: str, n_ctx: int, home: Path) -> Iterator[str]:
+    """llama_cpp.server with its RAM prompt cache, threads as Stoke's engine uses."""
+    port = _free_port()
+    threads = str(os.cpu_count() or 1)
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", model]
+    command += ["--n_ctx", str(n_ctx), "--n_batch", "512", "--cache", "True"]
+    command += ["--n_threads", threads, "--n_threads_batch", threads, "--verbose", "False"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--api_key", API_KEY]
+    log = home / "anchor.log"
+    with _process(command, log, dict(os.environ)) as process:
+        url = f"http://127.0.0.1:{port}/v1"
+        _wait_ready(url, process, log)
+        yield url
+
+
+def _turn(
+    client: openai.OpenAI, model: str, messages: list[dict[str, str]], max_tokens: int
+) -> tuple[str, float, int | None, int | None]:
+    """One streamed turn: (reply, ttft, prompt tokens, cached tokens) — the counts where the
+    server reports them."""
+    started = time.perf_counter()
+    first: float | None = None
+    pieces: list[str] = []
+    usage = None
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or time.perf_counter()
+            pieces.append(chunk.choices[0].delta.content)
+    ttft = (first or time.perf_counter()) - started
+    details = getattr(usage, "prompt_tokens_details", None) if usage else None
+    cached = getattr(details, "cached_tokens", None) if details else None
+    return "".join(pieces), ttft, usage.prompt_tokens if usage else None, cached
+
+
+def replay(url: str, documents: list[str], turns: int, max_tokens: int) -> dict[str, list]:
+    """Round-robin turns of fresh conversations, one per document: TTFT per turn (a list
+    over conversations) and the cached share of each follow-up's prompt."""
+    import openai  # a dev dependency: only the benchmark needs the client
+
+    client = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=600)
+    model = client.models.list().data[0].id
+    chats = [
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": doc}]
+        for doc in documents
+    ]
+    ttfts: list[list[float]] = [[] for _ in range(turns)]
+    ratios: list[float] = []
+    for turn in range(turns):
+        for messages in chats:
+            reply, ttft, prompt, cached = _turn(client, model, messages, max_tokens)
+            ttfts[turn].append(ttft)
+            if turn and prompt and cached is not None:
+                ratios.append(cached / prompt)
+            messages.append({"role": "assistant", "content": reply})
+            messages.append({"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]})
+    return {"ttfts": ttfts, "ratios": ratios}
+
+
+def warm_up(url: str) -> None:
+    """One short request: the model is loaded and first-call costs are paid before timing."""
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=STARTUP_S)
+    model = client.models.list().data[0].id
+    client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1, temperature=0
+    )
+
+
+def summarise(runs: list[dict[str, list]], n: int) -> dict[str, Any]:
+    turns = len(runs[0]["ttfts"])
+    by_turn = [[t for run in runs for t in run["ttfts"][i]] for i in range(turns)]
+    ratios = [r for run in runs for r in run["ratios"]]
+    return {
+        "conversations": n,
+        "samples_per_turn": len(by_turn[0]),
+        "ttft_by_turn_s": [round(median(t), 4) for t in by_turn],
+        "ttft_all_s": [[round(t, 4) for t in turn] for turn in by_turn],
+        "follow_up_ttft_s": round(median([t for turn in by_turn[1:] for t in turn]), 4),
+        "min_cached_ratio": round(min(ratios), 4) if ratios else None,
+    }
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from app.models.default import default_model_path
+
+    model = args.model or str(default_model_path())
+    servers = [s for s in SERVERS if s != "anchor" or not args.no_anchor]
+    runs: dict[str, dict[int, list]] = {s: {n: [] for n in args.conversations} for s in servers}
+    with (
+        tempfile.TemporaryDirectory(prefix="stoke-bench-serve-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        home = Path(tmp)
+        urls = {"stoke": stack.enter_context(stoke_server(model, args.ctx, home))}
+        if "anchor" in servers:
+            urls["anchor"] = stack.enter_context(anchor_server(model, args.ctx, home))
+        for url in urls.values():
+            warm_up(url)
+        for rep in range(args.reps):
+            for n in args.conversations:
+                documents = [
+                    document(TOPICS[(rep + i) % len(TOPICS)], args.facts, f"{rep}.{n}.{i}")
+                    for i in range(n)
+                ]
+                order = servers if rep % 2 == 0 else servers[::-1]  # who goes first alternates
+                for server in order:
+                    print(f"rep {rep + 1}: {server}, {n} conversation(s)", file=sys.stderr)
+                    runs[server][n].append(
+                        replay(urls[server], documents, args.turns, args.max_tokens)
+                    )
+    results = {
+        server: {str(n): summarise(r, n) for n, r in by_n.items()} for server, by_n in runs.items()
+    }
+    return {
+        "benchmark": "serve",
+        "model": Path(model).name,
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "params": {
+            "turns": args.turns,
+            "facts": args.facts,
+            "max_tokens": args.max_tokens,
+            "n_ctx": args.ctx,
+            "reps": args.reps,
+            "conversations": args.conversations,
+        },
+        "results": results,
+        "targets": targets(results),
+    }
+
+
+def targets(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Stoke's interleaved follow-up TTFT within 2x of its single-conversation TTFT."""
+    stoke = results.get("stoke", {})
+    single = stoke.get("1", {}).get("follow_up_ttft_s")
+    out: dict[str, Any] = {}
+    for n, row in stoke.items():
+        if n != "1" and single:
+            ratio = row["follow_up_ttft_s"] / single
+            out[f"stoke_{n}_interleaved_vs_single"] = round(ratio, 2)
+            out[f"stoke_{n}_interleaved_within_2x"] = ratio <= 2.0
+    return out
+
+
+def render(report: dict[str, Any]) -> str:
+    params = report["params"]
+    lines = [
+        f"stoke bench serve — {report['model']} on {report['machine']['cpu']} "
+        f"({report['machine']['cores']} cores); {params['turns']} turns, greedy, "
+        f"{params['max_tokens']} tokens a reply; TTFT in seconds, median over "
+        f"{params['reps']} reps x the conversations",
+        "",
+    ]
+    turns = params["turns"]
+    header = f"{'server':<8} {'convs':>5} " + " ".join(f"{f't{i + 1}':>7}" for i in range(turns))
+    header += f" {'follow-up':>9} {'vs single':>9} {'cached':>7}"
+    lines += [header, "-" * len(header)]
+    for server, rows in report["results"].items():
+        single = rows.get("1", {}).get("follow_up_ttft_s")
+        for n, row in rows.items():
+            ratio = f"{row['follow_up_ttft_s'] / single:.2f}x" if single else "-"
+            cached = row["min_cached_ratio"]
+            lines.append(
+                f"{server:<8} {n:>5} "
+                + " ".join(f"{t:>7.3f}" for t in row["ttft_by_turn_s"])
+                + f" {row['follow_up_ttft_s']:>9.3f} {ratio:>9} "
+                + (f"{cached:>7.3f}" if cached is not None else f"{'-':>7}")
+            )
+    lines.append("")
+    lines.append(
+        "follow-up: median TTFT of turns 2+; vs single: against the same server's one "
+        "conversation; cached: lowest cached_tokens / prompt_tokens from turn 2 (as reported)"
+    )
+    for name, value in report["targets"].items():
+        lines.append(f"target {name}: {value}")
+    return "\n".join(lines)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", help="TTFT of API clients, alone and interleaved")
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--model", metavar="PATH", help="a GGUF model (default: SmolLM2)")
+    parser.add_argument("--turns", type=int, default=6, help="turns per conversation")
+    parser.add_argument("--facts", type=int, default=40, help="lines in each first message")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per reply")
+    parser.add_argument("--ctx", type=int, default=8192, help="context of both servers")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions, fresh conversations")
+    parser.add_argument(
+        "--conversations", type=int, nargs="+", default=[1, 2, 4], help="scenarios to run"
+    )
+    parser.add_argument("--no-anchor", action="store_true", help="skip llama_cpp.server")
+    parser.set_defaults(run=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    report = run_bench(args)
+    print(render(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
+    print(json.dumps(report))
+    return 0
