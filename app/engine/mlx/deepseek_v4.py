@@ -576,25 +576,28 @@ class Attention(nn.Module):
         q_pos = mx.arange(offset, offset + n_q)[:, None]
         k_pos = mx.arange(first, offset + n_q)[None]
         masks = [(k_pos <= q_pos) & (q_pos - k_pos < self.window)]
+        sinks = self.attn_sink.astype(q.dtype)
+        scale = self.head_dim**-0.5
+        picked = None
         if self.ratio:
             rows = self.compressor(x, cache, "attn")
             n_visible = (mx.arange(offset, offset + n_q) + 1) // self.ratio
-            picked = None
             if self.ratio == CSA_RATIO:
                 picked = self.indexer(x, qr, cache, n_visible)
-            if rows.shape[0]:
+            if rows.shape[0] and picked is None:
                 keys.append(rows)
-                masks.append(_row_mask(rows.shape[0], n_visible, picked))
-        k = mx.concatenate(keys)[None, None].astype(q.dtype)
-        mask = mx.concatenate(masks, axis=1)[None, None]
-        out = mx.fast.scaled_dot_product_attention(
-            q[None],
-            k,
-            k,
-            scale=self.head_dim**-0.5,
-            mask=mask,
-            sinks=self.attn_sink.astype(q.dtype),
-        )[0]
+                masks.append(mx.arange(rows.shape[0])[None] < n_visible[:, None])
+        k = mx.concatenate(keys).astype(q.dtype)
+        mask = mx.concatenate(masks, axis=1)
+        if picked is None:
+            k = k[None, None]
+            out = mx.fast.scaled_dot_product_attention(
+                q[None], k, k, scale=scale, mask=mask[None, None], sinks=sinks
+            )[0]
+        else:
+            out = _window_and_picked_attention(
+                q, k, mask, rows.astype(q.dtype), picked, sinks, scale
+            )
         out = self._rope(out, offset, inverse=True).swapaxes(0, 1)  # [L, H, D]
         out = out.reshape(n_q, self.n_groups, 1, -1)
         groups = mx.broadcast_to(mx.arange(self.n_groups), (n_q, self.n_groups))
@@ -602,15 +605,31 @@ class Attention(nn.Module):
         return self.wo_b(out)
 
 
-def _row_mask(n_rows: int, n_visible: mx.array, picked: mx.array | None) -> mx.array:
-    """Which compressed rows each query attends: the visible ones, or the indexer's pick."""
-    visible = mx.arange(n_rows)[None] < n_visible[:, None]
-    if picked is None:
-        return visible
-    slots = mx.where(picked < 0, n_rows, picked)
-    chosen = mx.zeros((picked.shape[0], n_rows + 1), mx.bool_)
-    chosen = mx.put_along_axis(chosen, slots, mx.array(True), axis=-1)
-    return chosen[:, :n_rows] & visible
+def _window_and_picked_attention(
+    q: mx.array,
+    window: mx.array,
+    window_mask: mx.array,
+    rows: mx.array,
+    picked: mx.array,
+    sinks: mx.array,
+    scale: float,
+) -> mx.array:
+    """Attention of q [H, L, D] over its window keys [S, D] and, per query, only the
+    compressed rows the indexer picked (rows [n, D], picked [L, k], -1 for none), with one
+    softmax across both and the sink. Gathering k rows per query keeps a long prompt's
+    cost at L x (window + k) instead of L x (window + all rows). K is V."""
+    chosen = rows[mx.maximum(picked, 0)]  # [L, k, D]
+    by_query = q.swapaxes(0, 1)  # [L, H, D]
+    raw = (q @ window.T).astype(mx.float32) * scale  # [H, L, S]
+    raw = mx.where(window_mask[None], raw, -mx.inf)
+    sparse = (by_query @ chosen.swapaxes(1, 2)).astype(mx.float32) * scale  # [L, H, k]
+    sparse = mx.where((picked >= 0)[:, None, :], sparse, -mx.inf).swapaxes(0, 1)
+    sink = mx.broadcast_to(sinks.astype(mx.float32)[:, None, None], (*raw.shape[:2], 1))
+    weights = mx.softmax(mx.concatenate([raw, sparse, sink], axis=-1), axis=-1)
+    n_window = window.shape[0]
+    p_raw = weights[..., :n_window].astype(q.dtype)
+    p_sparse = weights[..., n_window:-1].astype(q.dtype).swapaxes(0, 1)  # [L, H, k]
+    return p_raw @ window + (p_sparse @ chosen).swapaxes(0, 1)
 
 
 class ClampedSwiGLU(nn.Module):
