@@ -51,8 +51,11 @@ def fingerprint(path: str | os.PathLike[str]) -> str:
 
     Hashes the size, the front of the file (header, metadata, tokenizer) and evenly spread
     samples of the tensor data, so a different model or a re-quantization changes it.
+    An MLX folder is named by its config and the name, size and head of each shard.
     """
     file = Path(path)
+    if file.is_dir():
+        return _folder_fingerprint(file)
     size = file.stat().st_size
     digest = hashlib.sha256(str(size).encode())
     with file.open("rb") as fh:
@@ -63,5 +66,14 @@ def fingerprint(path: str | os.PathLike[str]) -> str:
                 fh.seek(_HEAD_BYTES + i * step)
                 digest.update(fh.read(_SAMPLE_BYTES))
             fh.seek(max(size - _SAMPLE_BYTES, 0))
+            digest.update(fh.read(_SAMPLE_BYTES))
+    return digest.hexdigest()[:16]
+
+
+def _folder_fingerprint(folder: Path) -> str:
+    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    for shard in sorted(folder.glob("*.safetensors")):
+        digest.update(f"{shard.name}:{shard.stat().st_size}".encode())
+        with shard.open("rb") as fh:
             digest.update(fh.read(_SAMPLE_BYTES))
     return digest.hexdigest()[:16]

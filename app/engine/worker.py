@@ -46,6 +46,7 @@ class EngineState(StrEnum):
 
 
 _IMMEDIATE = frozenset({"tokenize", "detokenize"})  # answered at once, beside running work
+ENGINES = ("llama.cpp", "mlx", "remote")  # the backends, by the names EngineClient takes
 
 
 def load_tokenizer(backend: str, options: LoadOptions, info: ModelInfo | None) -> Tokenizer:
@@ -59,7 +60,11 @@ def load_tokenizer(backend: str, options: LoadOptions, info: ModelInfo | None) -
         from app.engine.remote import tokenizer_for
 
         return tokenizer_for(options, info)
-    raise EngineError(f"Unknown engine {backend!r}. Available: llama.cpp, remote.")
+    if backend == "mlx":
+        from app.engine.mlx.models import load_tokenizer as load_mlx_tokenizer
+
+        return load_mlx_tokenizer(options.model_path)
+    raise EngineError(f"Unknown engine {backend!r}. Available: {', '.join(ENGINES)}.")
 
 
 def make_engine(backend: str) -> Engine:
@@ -72,7 +77,11 @@ def make_engine(backend: str) -> Engine:
         from app.engine.remote import RemoteEngine
 
         return RemoteEngine()
-    raise EngineError(f"Unknown engine {backend!r}. Available: llama.cpp, remote.")
+    if backend == "mlx":
+        from app.engine.mlx.backend import MlxEngine
+
+        return MlxEngine()
+    raise EngineError(f"Unknown engine {backend!r}. Available: {', '.join(ENGINES)}.")
 
 
 # -- the child process ---------------------------------------------------------------------

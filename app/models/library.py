@@ -10,7 +10,6 @@ delete its snapshots too.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -35,7 +34,6 @@ _SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _LIBRARY_VERSION = 1
 _CACHE_VERSION = 1
 _SAFETENSORS_HEADER_MAX = 100 << 20  # safetensors' own limit on a header
-_MLX_HEAD_BYTES = 64 << 10
 
 
 class LibraryError(Exception):
@@ -202,11 +200,6 @@ def _mlx_entry(folder: Path) -> ModelEntry:
     quant = config.get("quantization") or config.get("quantization_config") or {}
     bits = quant.get("bits") if isinstance(quant, dict) else None
     headers = [_safetensors_header(s) for s in shards]
-    digest = hashlib.sha256(config_bytes)
-    for shard in shards:
-        digest.update(f"{shard.name}:{shard.stat().st_size}".encode())
-        with shard.open("rb") as fh:
-            digest.update(fh.read(_MLX_HEAD_BYTES))
     dtypes = [
         spec.get("dtype")
         for h in headers
@@ -229,7 +222,7 @@ def _mlx_entry(folder: Path) -> ModelEntry:
     files = _mlx_files(folder)
     experts = config.get("n_routed_experts") or config.get("num_experts")
     return ModelEntry(
-        id=digest.hexdigest()[:16],
+        id=fingerprint(folder),
         name=folder.name,
         path=folder,
         files=files,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,21 @@ from app.models.default import default_model_path
 from app.session import ChatSession
 
 GREEDY = {"temperature": 0.0, "max_tokens": 24}
+
+needs_mlx = pytest.mark.skipif(
+    importlib.util.find_spec("mlx") is None,
+    reason="MLX is not installed (`pip install 'mlx[cpu]'` on Linux, `mlx` on a Mac)",
+)
+# The engines the end-to-end promises are checked on; a test takes `engine` to run on each.
+both_engines = pytest.mark.parametrize(
+    "engine", ["llama.cpp", pytest.param("mlx", marks=needs_mlx)]
+)
+
+
+@pytest.fixture
+def engine() -> str:
+    """The backend a test drives; tests marked `both_engines` get each in turn."""
+    return "llama.cpp"
 
 
 @pytest.fixture
@@ -36,8 +52,8 @@ def run() -> Callable[[Coroutine[Any, Any, Any]], Any]:
 
 
 async def start_session(
-    store: ConversationStore, model: str, *, n_ctx: int = 4096
+    store: ConversationStore, model: str, *, n_ctx: int = 4096, engine: str = "llama.cpp"
 ) -> AsyncIterator[ChatSession]:
-    client = EngineClient(LoadOptions(model, n_ctx=n_ctx))
+    client = EngineClient(LoadOptions(model, n_ctx=n_ctx), backend=engine)
     await client.start()
     return ChatSession(store, client)

@@ -131,6 +131,28 @@ class Vocab:
             return ""
         return llama_cpp.llama_vocab_get_text(self.ptr, token).decode("utf-8", "replace")
 
+    @property
+    def n_tokens(self) -> int:
+        return llama_cpp.llama_vocab_n_tokens(self.ptr)
+
+    @property
+    def bos(self) -> int:
+        return llama_cpp.llama_vocab_bos(self.ptr)
+
+    @property
+    def eos(self) -> int:
+        return llama_cpp.llama_vocab_eos(self.ptr)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self.ptr))
+
+    def eog_ids(self) -> frozenset[int]:
+        """End-of-generation tokens (end of turn, eos), as llama.cpp classifies them."""
+        return frozenset(
+            t for t in range(self.n_tokens) if llama_cpp.llama_vocab_is_eog(self.ptr, t)
+        )
+
 
 def _load_model(path: Path, params: llama_cpp.llama_model_params) -> llama_cpp.llama_model_p:
     log = _install_log()
@@ -229,11 +251,8 @@ class LlamaCppEngine:
         )
         self._batch = llama_cpp.llama_batch_init(options.n_batch, 0, 1)
         self._free_seq_ids = list(range(options.n_seq_max))
-        n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab.ptr)
-        self._eog = frozenset(
-            t for t in range(n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab.ptr, t)
-        )
-        self.info = self._describe(path, n_ctx_train, n_vocab)
+        self._eog = self._vocab.eog_ids()
+        self.info = self._describe(path, n_ctx_train, self._vocab.n_tokens)
         if options.snapshots:
             self._kv = KVStore(
                 self.info.fingerprint,
@@ -245,8 +264,7 @@ class LlamaCppEngine:
 
     def _describe(self, path: Path, n_ctx_train: int, n_vocab: int) -> ModelInfo:
         template = llama_cpp.llama_model_chat_template(self._model, None)
-        bos = llama_cpp.llama_vocab_bos(self._vocab.ptr)
-        eos = llama_cpp.llama_vocab_eos(self._vocab.ptr)
+        bos, eos = self._vocab.bos, self._vocab.eos
         return ModelInfo(
             path=str(path),
             name=self._meta("general.name") or path.stem,
@@ -259,7 +277,7 @@ class LlamaCppEngine:
             or (template.decode("utf-8", "replace") if template else None),
             bos_token=self._vocab.text(bos),
             eos_token=self._vocab.text(eos),
-            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(self._vocab.ptr)),
+            add_bos=self._vocab.add_bos,
             bos_id=bos if bos >= 0 else None,
             eog_ids=tuple(sorted(self._eog)),
             backend=self.backend_name,

@@ -1,0 +1,85 @@
+"""Tokenizers for the MLX engine, one interface for both kinds of model.
+
+A GGUF carries its tokenizer in its metadata; llama.cpp's vocab-only load reads exactly
+that, so the MLX engine tokenizes a GGUF through it and both engines produce the same ids
+from the same file (a transcript stays valid when the user switches engine). An mlx-lm
+folder carries a Hugging Face tokenizer, read through mlx-lm.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from app.engine.llamacpp.backend import Vocab
+
+
+class TextStream(Protocol):
+    """Turns sampled ids into text as they arrive (a piece may end mid UTF-8 sequence)."""
+
+    def add(self, token: int) -> str: ...
+
+
+class MlxTokenizer(Protocol):
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def stream(self) -> TextStream: ...
+
+
+class _BytesStream:
+    def __init__(self, vocab: Vocab) -> None:
+        self._vocab = vocab
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add(self, token: int) -> str:
+        return self._decoder.decode(self._vocab.token_bytes(token))
+
+
+class GGUFTokenizer:
+    """The GGUF's own tokenizer, through llama.cpp's vocab (no weights loaded)."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        self.vocab = vocab
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        return self.vocab.tokenize(text, special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.vocab.detokenize(tokens)
+
+    def stream(self) -> TextStream:
+        return _BytesStream(self.vocab)
+
+
+class _DetokenizerStream:
+    def __init__(self, detokenizer) -> None:
+        self._detokenizer = detokenizer
+        detokenizer.reset()
+
+    def add(self, token: int) -> str:
+        self._detokenizer.add_token(token)
+        return self._detokenizer.last_segment
+
+
+class HFTokenizer:
+    """An mlx-lm folder's Hugging Face tokenizer."""
+
+    def __init__(self, folder: Path) -> None:
+        from mlx_lm.utils import load_tokenizer
+
+        self.wrapper = load_tokenizer(folder)
+        self.hf = self.wrapper._tokenizer
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        # Without `special`, text that looks like a control token stays plain text.
+        return self.hf.encode(text, add_special_tokens=False, split_special_tokens=not special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.hf.decode(list(tokens))
+
+    def stream(self) -> TextStream:
+        return _DetokenizerStream(self.wrapper.detokenizer)
