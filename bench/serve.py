@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -332,6 +333,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop both servers on the way out
     report = run_bench(args)
     print(render(report))
     if args.json:
