@@ -18,7 +18,7 @@ DEFAULT_N_CTX = 8192
 @dataclass
 class Settings:
     model_path: str | None = None  # None: the bundled default model
-    engine: str = "llama.cpp"
+    engine: str = "auto"  # "auto" (MLX on Apple Silicon, else llama.cpp), a local engine, "remote"
     n_ctx: int = DEFAULT_N_CTX
     n_threads: int | None = None
     n_gpu_layers: int = 0
@@ -33,6 +33,9 @@ class Settings:
     remote_mode: str = "auto"
     remote_tokenizer: str | None = None
     remote_timeout_s: float = 300.0
+    # Settings > API Server: serve the OpenAI-compatible API (app/server) when the app starts.
+    serve_on_start: bool = False
+    serve_port: int = 8484
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:

@@ -62,7 +62,6 @@ from app.server.slots import SlotMap
 
 logger = logging.getLogger("stoke.server")
 
-DEFAULT_PORT = 8484
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -70,7 +69,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class ServerConfig:
     api_key: str
     host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT  # 0: any free port (ApiServer.port says which)
+    port: int = 0  # 0: any free port (ApiServer.port says which)
     cors_origins: tuple[str, ...] = ()  # none: browsers may not call it; "*" for any
     max_body_bytes: int = 8 << 20
     max_in_flight: int = 16

@@ -13,7 +13,8 @@ from app import paths
 from app.cli import chat
 from app.engine.host import EngineClient
 from app.server import auth
-from app.server.app import DEFAULT_PORT, ApiServer, ServerConfig
+from app.server.app import ApiServer, ServerConfig
+from app.settings import Settings
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -22,7 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="an OpenAI-compatible API on this machine")
     chat.add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (0: any free one)")
+    parser.add_argument(
+        "--port", type=int, help="port (default: Settings > API Server's, 8484; 0: any free one)"
+    )
     parser.add_argument(
         "--api-key", metavar="KEY", help=f"the key clients must send (or set {auth.ENV_VAR})"
     )
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(
         api_key=key.value,
         host=args.host,
-        port=args.port,
+        port=Settings.load().serve_port if args.port is None else args.port,
         cors_origins=tuple(args.cors),
         max_body_bytes=int(args.max_body_mib * (1 << 20)),
         max_in_flight=max(1, args.max_in_flight),

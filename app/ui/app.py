@@ -16,6 +16,7 @@ from app.conversations import ConversationStore, StoreError
 from app.engine.host import EngineClient
 from app.engine.protocol import EngineError, LoadOptions
 from app.session import ChatSession
+from app.settings import Settings
 from app.ui.main_window import MainWindow
 
 
@@ -53,12 +54,19 @@ async def open_window(
     window.show()
     with contextlib.suppress(EngineError):  # the window shows why, and stays usable
         await client.start()
+    serve = Settings.load()
+    if serve.serve_on_start:  # Settings > API Server was left on
+        try:
+            await window.api_server.start(serve.serve_port)
+        except EngineError as exc:
+            window.banner.show_message(str(exc))
     return window, session
 
 
 async def shutdown(window: MainWindow, session: ChatSession) -> None:
     """Stop the reply, let background work end, and close engine, downloads and store."""
     session.cancel()
+    await window.api_server.stop()
     await window.prewarm.idle()
     # Running downloads stay marked running: the next start resumes them.
     await asyncio.get_running_loop().run_in_executor(None, window.downloads.shutdown)

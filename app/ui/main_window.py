@@ -45,9 +45,11 @@ from app.engine.protocol import (
 from app.models import load_settings
 from app.models.downloads import Downloads
 from app.models.library import Library
+from app.server.control import LocalServer
 from app.session import ChatSession, TurnResult
 from app.settings import Settings
 from app.ui import theme
+from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
 from app.ui.composer import Composer
@@ -89,6 +91,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.session = session
         self.store = session.store
+        self.api_server = LocalServer(session.engine)  # Settings > API Server
         self.prewarm = Prewarmer(session)
         self.settings = settings
         self.conversation_id: str | None = None
@@ -206,6 +209,7 @@ class MainWindow(QMainWindow):
         settings_menu = bar.addMenu("&Settings")
         action(settings_menu, "Hardware…", self.open_hardware_wizard, name="hardware")
         action(settings_menu, "Remote Server…", self.open_remote_settings, name="remote")
+        action(settings_menu, "API Server…", self.open_api_server_settings, name="api-server")
         themes = view.addMenu("Theme")
         for name in theme.THEMES:
             action(themes, name.title(), lambda _=False, n=name: self.apply_theme(n))
@@ -531,6 +535,13 @@ class MainWindow(QMainWindow):
                 "Remote server saved: the engine uses it from the next start", 4000
             )
         )
+        dialog.open()
+        return dialog
+
+    def open_api_server_settings(self) -> ApiServerDialog:
+        """Settings > API Server: the OpenAI-compatible API on the window's engine."""
+        dialog = ApiServerDialog(self.api_server, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog
 
