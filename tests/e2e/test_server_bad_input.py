@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import openai
 import pytest
@@ -192,3 +193,28 @@ def test_more_requests_than_the_limit_get_429(served: ServerThread) -> None:
     while served.server.stats.in_flight and time.monotonic() < deadline:
         time.sleep(0.05)
     _still_serves(served)
+
+
+def test_cors_is_off_unless_an_origin_is_allowed(served: ServerThread) -> None:
+    origin = {"Origin": "http://app.example"}
+
+    def ask(method: str) -> http.client.HTTPResponse:
+        connection = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=60)
+        headers = {**origin, "Authorization": f"Bearer {API_KEY}"} if method == "GET" else origin
+        connection.request(method, "/v1/models", headers=headers)
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        return response
+
+    assert ask("GET").getheader("Access-Control-Allow-Origin") is None
+    config = served.server.config
+    served.server.config = replace(config, cors_origins=("http://app.example",))
+    try:
+        preflight = ask("OPTIONS")
+        assert preflight.status == 204
+        assert preflight.getheader("Access-Control-Allow-Origin") == "http://app.example"
+        assert "Authorization" in preflight.getheader("Access-Control-Allow-Headers")
+        assert ask("GET").getheader("Access-Control-Allow-Origin") == "http://app.example"
+    finally:
+        served.server.config = config
