@@ -580,6 +580,13 @@ def main() -> int:
     ap.add_argument("--stages", default="stoke,fit", help="stoke, fit or both (comma)")
     ap.add_argument("--regex-probe", action="store_true", help="see regex_probe, then go on")
     ap.add_argument("--margin", type=float, default=0.05, help="the planner's safety margin")
+    ap.add_argument(
+        "--reserve-of",
+        choices=("device", "budget"),
+        default="device",
+        help="size the GPU runtime's reserve from the whole device (as the app does) or from "
+        "the budget only (256 MiB here: close to what llama-fit-params accounts)",
+    )
     ap.add_argument("--fit-params", type=Path, help="llama.cpp's llama-fit-params binary")
     ap.add_argument("--fit-wait", type=float, default=0, help="seconds to wait for that binary")
     ap.add_argument("--fit-marker", type=Path, help="a file its build writes when it ends")
@@ -608,7 +615,7 @@ def main() -> int:
     previous = args.out / "gpu-offload.json"
     res: dict[str, Any] = json.loads(previous.read_text()) if previous.exists() else {}
     res.update(
-        budget_gib=args.budget_gib, margin=args.margin, n_ctx=args.n_ctx, n_ubatch=args.n_ubatch,
+        budget_gib=args.budget_gib, margin=args.margin, reserve_of=args.reserve_of, n_ctx=args.n_ctx, n_ubatch=args.n_ubatch,
         prompt_tokens=args.prompt, decode_tokens=args.decode, model=model_meta,
     )  # fmt: skip
     res.setdefault("checks", {})
@@ -621,7 +628,8 @@ def main() -> int:
         "python": platform.python_version(),
     }
     info = inspect_gguf(args.model)
-    totals = [g["total"] * MIB for g in base] or [None] * len(gpus)
+    totals = [g["total"] * MIB for g in base] if args.reserve_of == "device" else []
+    totals = totals or [None] * len(gpus)
     budgets = [
         DeviceBudget(g, int(args.budget_gib * GIB), total=t)
         for g, t in zip(gpus, totals, strict=False)
