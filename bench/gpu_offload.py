@@ -615,7 +615,8 @@ def main() -> int:
     previous = args.out / "gpu-offload.json"
     res: dict[str, Any] = json.loads(previous.read_text()) if previous.exists() else {}
     res.update(
-        budget_gib=args.budget_gib, margin=args.margin, reserve_of=args.reserve_of, n_ctx=args.n_ctx, n_ubatch=args.n_ubatch,
+        budget_gib=args.budget_gib, margin=args.margin, reserve_of=args.reserve_of,
+        n_ctx=args.n_ctx, n_ubatch=args.n_ubatch,
         prompt_tokens=args.prompt, decode_tokens=args.decode, model=model_meta,
     )  # fmt: skip
     res.setdefault("checks", {})
