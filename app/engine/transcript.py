@@ -14,6 +14,7 @@ text, not a turn boundary. Template text is tokenized with them.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from collections.abc import Sequence
@@ -116,6 +117,13 @@ class Transcript:
             self.segments.clear()
         self._open = []
         self._open_turns = -1
+
+    def copy(self) -> Transcript:
+        """An independent transcript in the same state (segments are immutable, so shared):
+        what a caller extends without touching the original."""
+        return dataclasses.replace(
+            self, turns=list(self.turns), segments=list(self.segments), _open=list(self._open)
+        )
 
     def preview(self, text: str) -> list[int]:
         """The tokens a prompt would start with if `text` were sent now as a user message,

@@ -5,10 +5,10 @@ server-sent events or not). The server shares the EngineClient the window uses, 
 on the same asyncio loop and the engine process serialises its work with the GUI's.
 
 What makes it more than a proxy: a chat history is turned into tokens by the app's
-Transcript with the exact ids of this server's earlier replies (replay.py), and each client
-conversation keeps its own KV sequence (slots.py), so a stateless client's follow-up turn
-prefills only what is new, as the window's turns do. `usage.prompt_tokens_details.
-cached_tokens` reports the prompt tokens whose KV was reused.
+Transcript with the exact ids of this server's earlier replies (prompts.py, replay.py), and
+each client conversation keeps its own KV sequence (slots.py), so a stateless client's
+follow-up turn prefills only what is new, as the window's turns do.
+`usage.prompt_tokens_details.cached_tokens` reports the prompt tokens whose KV was reused.
 
 Token-id contract (vLLM-compatible, what app/engine/remote.py relies on): /v1/completions
 takes `prompt` as a list of token ids, used as is (no BOS added); with
@@ -46,13 +46,12 @@ from app.engine.protocol import (
     GenerationStats,
     ModelInfo,
 )
-from app.engine.transcript import Transcript
 from app.engine.worker import Priority
 from app.server import auth
+from app.server.prompts import ChatPrompts
 from app.server.replay import THINK_OPEN, ReasoningSplitter, ReplyStore, split_reasoning
 from app.server.schema import (
     ApiError,
-    ChatRequest,
     CompletionRequest,
     GenerationParams,
     parse_chat,
@@ -159,6 +158,7 @@ class ApiServer:
         self.engine = engine
         self.config = config
         self.replies = ReplyStore()
+        self.prompts = ChatPrompts(self.replies)
         self.slots = SlotMap()
         self.stats = ServerStats()
         self.port: int | None = None
@@ -275,7 +275,9 @@ class ApiServer:
             variables=chat.template_variables,
         )
         try:
-            prompt = self._chat_prompt(chat, template, info)
+            prompt = self.prompts.build(
+                chat.messages, template, info, self.engine.local_tokenizer()
+            )
         except TemplateError as exc:
             raise ApiError(400, f"The model's chat template refused these messages: {exc}") from exc
         job = _Job("chat", chat.params, prompt, reasoning_opened=self._opens_reasoning(template))
@@ -289,27 +291,6 @@ class ApiServer:
         )
 
     # -- building prompts --------------------------------------------------------------------
-
-    def _chat_prompt(self, chat: ChatRequest, template: ChatTemplate, info: ModelInfo) -> list[int]:
-        """The history as the window would send it: template segments, and this server's
-        replies as their exact sampled ids where the store recognises them."""
-        transcript = Transcript(
-            template,
-            self.engine.local_tokenizer(),
-            info.fingerprint,
-            bos_id=info.bos_id,
-            add_bos=info.add_bos,
-        )
-        for message in chat.messages:
-            if message.role != "assistant":
-                transcript.add_message(message.role, message.text)
-                continue
-            stored = self.replies.find(message.text, message.reasoning)
-            if stored is None:
-                transcript.add_reply(message.text)
-            else:
-                transcript.add_reply(message.text, stored.tokens, stored.fingerprint)
-        return transcript.prompt()
 
     def _raw_prompt(self, completion: CompletionRequest, info: ModelInfo) -> list[int]:
         if isinstance(completion.prompt, tuple):

@@ -1,5 +1,5 @@
 """The server's pure parts: the reply store's matching rules, the reasoning split, the slot
-choice, stop sequences, request checks and the key."""
+choice, stop sequences, request checks, the key, and chat prompts built incrementally."""
 
 from __future__ import annotations
 
@@ -7,10 +7,15 @@ import keyring
 import pytest
 from keyring.backends import fail
 
+from app.engine.chat_template import ChatTemplate
+from app.engine.llamacpp.backend import load_vocab
+from app.engine.protocol import ModelInfo
+from app.models.default import default_model_path
 from app.server import auth
 from app.server.app import _Reply
+from app.server.prompts import ChatPrompts
 from app.server.replay import ReasoningSplitter, ReplyStore, split_reasoning
-from app.server.schema import ApiError, parse_chat, parse_completion
+from app.server.schema import ApiError, Message, parse_chat, parse_completion
 from app.server.slots import SlotMap
 
 FP = "model-a"
@@ -149,3 +154,47 @@ def test_api_key_without_a_keychain_is_made_once_and_kept_in_memory(
     finally:
         auth.secrets.delete_token(auth.KEY_NAME)
         keyring.set_keyring(previous)
+
+
+def test_chat_prompts_extend_the_last_transcript_and_use_exact_reply_ids() -> None:
+    vocab = load_vocab(str(default_model_path()))
+    info = ModelInfo(
+        path="m.gguf",
+        name="m",
+        fingerprint=FP,
+        architecture="llama",
+        n_ctx=4096,
+        n_ctx_train=4096,
+        n_vocab=49152,
+        chat_template=None,
+        bos_token="",
+        eos_token="",
+        add_bos=False,
+        bos_id=None,
+        eog_ids=(),
+        backend="llama.cpp",
+        size_bytes=0,
+    )
+    renders = []
+
+    class Counting(ChatTemplate):
+        def render(self, messages, *, add_generation_prompt):
+            renders.append(len(messages))
+            return super().render(messages, add_generation_prompt=add_generation_prompt)
+
+    template = Counting(None)
+    replies = ReplyStore()
+    prompts = ChatPrompts(replies)
+    history = [Message("system", "Be brief."), Message("user", "Hi")]
+    for turn in range(5):
+        renders.clear()
+        prompt = prompts.build(history, template, info, vocab)
+        if turn >= 2:  # only the new reply and the new message are rendered
+            assert len(renders) <= 2, renders
+        assert prompt == ChatPrompts(replies).build(history, template, info, vocab)
+        text = f"Reply number {turn}."
+        sampled = [t for c in text for t in vocab.tokenize(c)]  # not how the text tokenizes
+        replies.put(text, sampled, FP)
+        history += [Message("assistant", text), Message("user", f"Next {turn}?")]
+        following = prompts.build(history, template, info, vocab)
+        assert following[: len(prompt) + len(sampled)] == prompt + sampled
