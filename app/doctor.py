@@ -69,17 +69,29 @@ print(json.dumps({
 """
 
 _MLX_PROBE = """
-import json
+import json, sys, time
 import mlx.core as mx
 def available(name):
     backend = getattr(mx, name, None)
     return bool(backend is not None and backend.is_available())
-print(json.dumps({
+report = {
     "ok": True,
     "device": str(mx.default_device()),
     "metal": available("metal"),
     "cuda": available("cuda"),
-}))
+}
+from app.engine.mlx.backend import MlxEngine
+from app.engine.protocol import EngineError, LoadOptions
+engine = MlxEngine()
+start = time.perf_counter()
+try:
+    engine.load(LoadOptions(sys.argv[1], n_ctx=512, snapshots=False))
+except EngineError as exc:
+    report.update(ok=False, error=str(exc))
+else:
+    report["load_s"] = round(time.perf_counter() - start, 3)
+    engine.unload()
+print(json.dumps(report))
 """
 
 
@@ -148,15 +160,54 @@ def check_llamacpp(
     return {"model_path": str(model_path), **result}
 
 
-def check_mlx(timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
-    """Whether MLX imports here and which device it would compute on."""
+def _default_model_path() -> Path:
+    from app.models.default import default_model_path
+
+    return default_model_path()
+
+
+def check_mlx(
+    model_path: str | Path | None = None, timeout: float = LOAD_TIMEOUT_S
+) -> dict[str, Any]:
+    """Whether MLX imports here, which device it would compute on, and whether the MLX
+    engine loads a model (default: the bundled one) in a subprocess."""
     try:
         installed = importlib.util.find_spec("mlx.core") is not None
     except (ImportError, ValueError):
         installed = False
     if not installed:
         return {"ok": False, "installed": False, "error": "not installed"}
-    return {"installed": True, **_run_probe(_MLX_PROBE, [], timeout)}
+    try:
+        model_path = model_path or _default_model_path()
+    except Exception as exc:
+        return {"ok": False, "installed": True, "error": f"no default model: {exc}"}
+    result = _run_probe(_MLX_PROBE, [str(model_path)], timeout)
+    return {"installed": True, "model_path": str(model_path), **result}
+
+
+def engine_choice() -> dict[str, Any]:
+    """Which engine the app runs its model with here, and why."""
+    from app.engine.choice import CHOICES, LOCAL_ENGINES, choose_engine
+    from app.engine.protocol import LoadOptions
+    from app.models import load_settings
+    from app.settings import Settings
+
+    settings = Settings.load()
+    if settings.engine == "remote":
+        return {"engine": "remote", "reason": "Settings send the chat to a server"}
+    model = settings.model_path or str(_default_model_path())
+    saved = (load_settings.load(model) or {}).get("engine")
+    asked, where = (
+        (saved, "this model's load settings")
+        if saved in LOCAL_ENGINES
+        else (
+            settings.engine if settings.engine in CHOICES else "auto",
+            "Settings",
+        )
+    )
+    choice = choose_engine(LoadOptions(model, engine=asked))
+    reason = f"chosen in {where}" if choice.reason == "chosen by the user" else choice.reason
+    return {"model_path": model, "engine": choice.engine, "reason": reason}
 
 
 def llamacpp_info(timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
@@ -246,6 +297,7 @@ def collect() -> dict[str, Any]:
         "paths": _guarded(_paths),
         "llama_cpp": llamacpp_info(),
         "default_model": _guarded(_default_model),
+        "engine_choice": _guarded(engine_choice),
         "engines": {
             "llama.cpp": check_llamacpp(),
             "mlx": check_mlx(),
@@ -303,14 +355,23 @@ def _llamacpp_line(check: dict[str, Any]) -> str:
 def _mlx_line(check: dict[str, Any], apple_silicon: bool) -> str:
     if not check.get("installed"):
         return "not installed"
-    if not check.get("ok"):
+    if not check.get("ok") and "device" not in check:
         return f"cannot import: {check.get('error', 'unknown error')}"
-    line = f"ok, default device {check['device']}"
+    line = f"default device {check['device']}"
     if apple_silicon:
         line += ", Metal " + ("available" if check["metal"] else "NOT available")
     elif check["cuda"]:
         line += ", CUDA available"
-    return line
+    if not check.get("ok"):
+        return f"{line}; cannot load: {check.get('error', 'unknown error')}"
+    return f"ok, {line}, loaded the model in {check['load_s']:.2f} s"
+
+
+def _choice_rows(choice: dict[str, Any]) -> list[tuple[str, str]]:
+    if "error" in choice:
+        return _error_rows(choice)
+    rows = [("model", choice["model_path"])] if "model_path" in choice else []
+    return [*rows, ("engine", f"{choice['engine']}: {choice['reason']}")]
 
 
 def _remote_line(check: dict[str, Any]) -> str:
@@ -345,6 +406,7 @@ def render(report: dict[str, Any]) -> str:
     lines += _section("Paths", _error_rows(report_paths) or list(report_paths.items()))
     lines += _section("llama.cpp", _llama_rows(report["llama_cpp"]))
     lines += _section("Default model", _model_rows(report["default_model"]))
+    lines += _section("Engine choice", _choice_rows(report["engine_choice"]))
     engines = report["engines"]
     lines += _section(
         "Engines",

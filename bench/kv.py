@@ -1,8 +1,9 @@
 """`stoke bench kv`: what a follow-up, a typed message, a switch and a restart cost in prefill.
 
 Everything runs in one process, side by side, on the default model and the CPU, with the
-real engine host (a child process) for Stoke and llama-cpp-python's own `Llama` in-process
-for the baselines. Times are client-side time to first token (the request sent to the first
+real engine host (a child process) for Stoke and, in-process for the baselines, the same
+runtime's own prefix reuse: llama-cpp-python's `Llama`, or with `--engine mlx` mlx-lm's
+prompt cache. Times are client-side time to first token (the request sent to the first
 streamed token), medians over `reps` repetitions; ratios within one run are what hold on a
 noisy machine. Prints a table and writes JSON.
 """
@@ -91,12 +92,13 @@ class Bench:
     reps: int
     history_tokens: int
     home: Path
+    engine: str = "llama.cpp"
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # -- helpers --
 
     def options(self, **overrides: Any) -> LoadOptions:
-        return LoadOptions(self.model, n_ctx=8192, **overrides)
+        return LoadOptions(self.model, n_ctx=8192, engine=self.engine, **overrides)
 
     @contextlib.asynccontextmanager
     async def stoke(self, **overrides: Any) -> Iterator[ChatSession]:
@@ -178,7 +180,7 @@ class Bench:
             )
             history = session.history_tokens(conversation)
             await session.engine.prefill(history, slot=conversation)  # as after the last turn
-            anchor = Anchor(self.model, template)
+            anchor = (MlxAnchor if self.engine == "mlx" else Anchor)(self.model, template)
             anchor.warm(history)
             parent = session.store.get_conversation(conversation).current_leaf_id
             stoke, anchored, naive = [], [], []
@@ -362,6 +364,64 @@ class Anchor:
         return Timed(ttft or time.perf_counter() - started, self.evaluated)
 
 
+class MlxAnchor:
+    """mlx-lm's own prefix reuse, as its server does it: the chat re-rendered with the
+    model's template and tokenized, the longest common prefix with the cached prompt kept
+    (`trim_prompt_cache`), the rest prefilled by `generate_step` up to the first token.
+
+    Each timed call starts from a copy of the same warm cache (the conversation as
+    generated, exact tokens); with `cold` it is the naive row: an empty cache.
+    """
+
+    def __init__(self, model: str, template: str | None) -> None:
+        from app.engine.chat_template import ChatTemplate
+        from app.engine.mlx.models import load_model
+
+        loaded = load_model(model)
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.template = ChatTemplate(
+            template or loaded.chat_template,
+            bos_token=loaded.bos_token,
+            eos_token=loaded.eos_token,
+        )
+        self._warm: list[Any] = []
+        self._warm_tokens: list[int] = []
+
+    def warm(self, exact_history: list[int]) -> None:
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(self.model)
+        for start in range(0, len(exact_history), 512):
+            self.model(mx.array(exact_history[start : start + 512])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        self._warm, self._warm_tokens = cache, list(exact_history)
+
+    def timed(self, messages: list[dict[str, str]], follow_up: str, *, cold: bool) -> Timed:
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+        from app.engine.mlx.backend import compact_cache
+
+        cache = make_prompt_cache(self.model) if cold else compact_cache(self._warm)
+        started = time.perf_counter()
+        text = self.template.render(
+            [*messages, {"role": "user", "content": follow_up}], add_generation_prompt=True
+        )
+        tokens = self.tokenizer.tokenize(text, special=True)
+        common = 0
+        if not cold:
+            while common < min(len(tokens) - 1, len(self._warm_tokens)) and (
+                tokens[common] == self._warm_tokens[common]
+            ):
+                common += 1
+            trim_prompt_cache(cache, len(self._warm_tokens) - common)
+        steps = generate_step(mx.array(tokens[common:]), self.model, prompt_cache=cache)
+        next(steps)
+        return Timed(time.perf_counter() - started, len(tokens) - common)
+
+
 def check_targets(r: dict[str, dict[str, Any]]) -> dict[str, bool]:
     """The issue's targets, as booleans (the benchmark shows them; tests never time)."""
     targets: dict[str, bool] = {}
@@ -416,7 +476,8 @@ def machine() -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     lines = [
-        f"stoke bench kv — {report['model_name']} on {report['machine']['cpu']} "
+        f"stoke bench kv ({report['engine']}) — {report['model_name']} on "
+        f"{report['machine']['cpu']} "
         f"({report['machine']['cores']} cores), median of {report['reps']}",
         "",
         f"{'scenario':<10} {'row':<12} {'ttft_s':>9} {'prefilled':>10} {'vs stoke':>9}",
@@ -465,7 +526,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     model = args.model or str(default_model_path())
     with tempfile.TemporaryDirectory(prefix="stoke-bench-") as home:
         os.environ["STOKE_HOME"] = home  # snapshots and conversations of the bench only
-        bench = Bench(model, args.reps, args.history, Path(home))
+        bench = Bench(model, args.reps, args.history, Path(home), args.engine)
         wanted = args.only or SCENARIOS
         if "follow_up" in wanted:
             await bench.follow_up("follow_up", reasoning=False)
@@ -479,7 +540,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "kv",
         "model": Path(model).name,
         "model_name": Path(model).stem,
-        "engine": "llama.cpp",
+        "engine": args.engine,
         "reps": args.reps,
         "machine": machine(),
         "results": bench.results,
@@ -495,6 +556,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median; >= 3)")
     parser.add_argument("--history", type=int, default=3000, help="tokens of history")
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios")
+    parser.add_argument(
+        "--engine",
+        choices=("llama.cpp", "mlx"),
+        default="llama.cpp",
+        help="Stoke's engine; the baselines run on the same runtime (llama-cpp-python's "
+        "Llama, or mlx-lm's own prompt cache)",
+    )
     parser.set_defaults(run=main)
 
 

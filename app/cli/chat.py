@@ -13,6 +13,7 @@ from dataclasses import fields
 
 from app import paths
 from app.conversations import Conversation, ConversationStore, StoreError
+from app.engine.choice import AUTO, CHOICES
 from app.engine.host import EngineClient, EngineCrashedError
 from app.engine.prewarm import Prewarmer
 from app.engine.protocol import (
@@ -64,10 +65,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="PATH", help="a GGUF model (default: SmolLM2-135M)")
+    parser.add_argument(
+        "--model", metavar="PATH", help="a GGUF file or MLX folder (default: SmolLM2-135M)"
+    )
     parser.add_argument("--ctx", type=int, metavar="N", help="context size in tokens")
     parser.add_argument(
-        "--engine", choices=("llama.cpp", "remote"), help="where the model runs (default: settings)"
+        "--engine",
+        choices=(*CHOICES, "remote"),
+        help="where the model runs (default: the model's or the app's setting, else auto: "
+        "MLX on Apple Silicon, llama.cpp elsewhere)",
     )
     parser.add_argument("--remote-url", metavar="URL", help="an OpenAI-compatible server")
     parser.add_argument("--remote-model", metavar="ID", help="the server's model id")
@@ -87,6 +93,7 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
         return _remote_load_options(args, settings)
     model = args.model or settings.model_path or str(default_model_path())
     options: dict = {
+        "engine": settings.engine if settings.engine in CHOICES else AUTO,
         "n_ctx": settings.n_ctx,
         "n_threads": settings.n_threads,
         "n_gpu_layers": settings.n_gpu_layers,
@@ -99,6 +106,8 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
         options.update({k: v for k, v in planned.items() if k in LOAD_FIELDS})
     if args.ctx:
         options["n_ctx"] = args.ctx
+    if engine in CHOICES and getattr(args, "engine", None):
+        options["engine"] = engine
     return LoadOptions(model_path=model, **options)
 
 

@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from app.engine.choice import choose_engine
 from app.engine.protocol import (
     EngineError,
     GenerationStats,
@@ -95,12 +96,12 @@ class EngineClient:
         self,
         options: LoadOptions,
         *,
-        backend: str | None = None,  # default: "remote" when options name a server
+        backend: str | None = None,  # default: engine/choice.py's pick for the options
         on_state: StateListener | None = None,
         log_path: Path | None = None,
     ) -> None:
         self.options = options
-        self.backend = backend or ("remote" if options.remote else "llama.cpp")
+        self._backend = backend
         self.info: ModelInfo | None = None
         self.state = EngineState.STOPPED
         self.last_error = ""
@@ -117,6 +118,12 @@ class EngineClient:
         self._closing = False
         self._tokenizer: tuple[tuple[str, str, str | None], Tokenizer] | None = None
         self._reader: threading.Thread | None = None
+
+    @property
+    def backend(self) -> str:
+        """The backend the child runs: fixed by the caller, or chosen from the current
+        options (a model switch may change the engine)."""
+        return self._backend or choose_engine(self.options).engine
 
     def add_state_listener(self, listener: StateListener) -> None:
         """Called on the event loop with (state, detail) whenever the engine's state changes."""

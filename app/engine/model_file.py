@@ -77,3 +77,33 @@ def _folder_fingerprint(folder: Path) -> str:
         with shard.open("rb") as fh:
             digest.update(fh.read(_SAMPLE_BYTES))
     return digest.hexdigest()[:16]
+
+
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+def gguf_architecture(path: str | os.PathLike[str]) -> str | None:
+    """`general.architecture` of a GGUF, read from the first metadata entries only (it is
+    written first), so choosing an engine never parses a whole vocabulary."""
+    with Path(path).open("rb") as fh:
+        if fh.read(4) != GGUF_MAGIC or struct.unpack("<I", fh.read(4))[0] not in (2, 3):
+            return None
+        _tensors, n_kv = struct.unpack("<QQ", fh.read(16))
+        for _ in range(min(n_kv, 64)):
+            key = fh.read(struct.unpack("<Q", fh.read(8))[0]).decode("utf-8", "replace")
+            (kind,) = struct.unpack("<I", fh.read(4))
+            if kind == _STRING:
+                value = fh.read(struct.unpack("<Q", fh.read(8))[0])
+                if key == "general.architecture":
+                    return value.decode("utf-8", "replace")
+            elif kind == _ARRAY:
+                item, count = struct.unpack("<IQ", fh.read(12))
+                if item not in _SCALAR_SIZES:
+                    return None  # arrays of strings come after the architecture
+                fh.seek(count * _SCALAR_SIZES[item], os.SEEK_CUR)
+            elif kind in _SCALAR_SIZES:
+                fh.seek(_SCALAR_SIZES[kind], os.SEEK_CUR)
+            else:
+                return None
+    return None

@@ -84,6 +84,8 @@ class LoadOptions:
     # The remote engine's server; model_path is then a local GGUF of the same model for its
     # tokenizer and template, or "" to ask the server for them.
     remote: RemoteOptions | None = None
+    # The local engine: "llama.cpp", "mlx", or "auto" (the platform's; engine/choice.py).
+    engine: str = "auto"
 
 
 @dataclass(frozen=True)

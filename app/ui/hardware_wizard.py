@@ -71,6 +71,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.engine.choice import mlx_installed, platform_choice
+from app.engine.mlx.registry import GGUF_BUILDERS
 from app.engine.model_file import check_gguf
 from app.hardware.detect import Hardware, detect
 from app.hardware.memory import GIB, KV_TYPES
@@ -100,7 +102,7 @@ MAX_CHOICES = 4
 COLORS = {"weights": "#3d7be0", "kv": "#2e9d5b", "compute": "#d08c1a"}
 OVER_COLOR = "#c0392b"
 FIT_COLOR = "#2e9d5b"
-ENGINE = "llama.cpp"  # a plan places a GGUF's tensors: llama.cpp loads it
+ENGINE_TEXT = {"llama.cpp": "llama.cpp", "mlx": "MLX"}  # a plan places tensors for llama.cpp
 
 PROFILE_TEXT = {
     "balanced": (
@@ -193,8 +195,9 @@ def recommended_engine(hw: Hardware) -> tuple[str, str]:
     if hw.apple is not None:
         return (
             "MLX",
-            f"{hw.apple.chip}: MLX runs models on the GPU in unified memory. GGUF models "
-            "run with llama.cpp (Metal), which the plan below is for.",
+            f"{hw.apple.chip}: MLX runs models on the GPU in unified memory, GGUF files of "
+            "the architectures it knows included. The plan below is for llama.cpp (Metal), "
+            "the alternative: choose the engine per model.",
         )
     return (
         "llama.cpp",
@@ -824,6 +827,17 @@ class HardwareWizard(QDialog):
         form.setHorizontalSpacing(14)
         form.setVerticalSpacing(10)
 
+        self.engine_combo = QComboBox(card)
+        described(
+            self.engine_combo,
+            "Engine",
+            "What runs this model: llama.cpp (the plan below places its tensors) or MLX "
+            "(Apple Silicon's GPU in unified memory)",
+        )
+        for name, text in ENGINE_TEXT.items():
+            self.engine_combo.addItem(text, name)
+        form.addRow("Engine", self.engine_combo)
+
         self.context_slider = QSlider(Qt.Orientation.Horizontal, card)
         described(
             self.context_slider,
@@ -1152,7 +1166,22 @@ class HardwareWizard(QDialog):
         if saved.get("n_seq_max"):
             with QSignalBlocker(self.resident_spin):
                 self.resident_spin.setValue(int(saved["n_seq_max"]))
+        self._show_engines(info, saved.get("engine"))
         self._request_plan()
+
+    def _show_engines(self, info: GGUFInfo, saved: str | None) -> None:
+        """Offer MLX where it can run this model; select the saved engine, else the one
+        this machine runs the model best with."""
+        runs = mlx_installed() and info.architecture in GGUF_BUILDERS
+        item = self.engine_combo.model().item(self.engine_combo.findData("mlx"))
+        item.setEnabled(runs)
+        item.setToolTip(
+            "" if runs else f"MLX is not installed here or does not run {info.architecture}"
+        )
+        engine = saved if saved in ENGINE_TEXT else platform_choice(info.path).engine
+        if engine == "mlx" and not runs:
+            engine = "llama.cpp"
+        self.engine_combo.setCurrentIndex(self.engine_combo.findData(engine))
 
     # -- inputs --
 
@@ -1309,7 +1338,7 @@ class HardwareWizard(QDialog):
         """Save the plan as the model's load settings, emit `applied`, and close."""
         if self.plan is None or not self.plan.fits or not self.idle():
             return
-        options = {**load_options(self.plan), "engine": ENGINE}
+        options = {**load_options(self.plan), "engine": self.engine_combo.currentData()}
         try:
             load_settings.save(self.model_path, options)
         except OSError as exc:

@@ -97,7 +97,7 @@ class RemoteSettingsDialog(QDialog):
         if self.use_remote.isChecked():
             settings.engine = "remote"
         elif settings.engine == "remote":
-            settings.engine = "llama.cpp"
+            settings.engine = "auto"
         return settings
 
     def save(self) -> None:

@@ -15,16 +15,17 @@ import pytest
 from app import paths
 from app.conversations import ConversationStore
 from app.engine.host import EngineCrashedError, EngineState
-from tests.e2e.conftest import start_session
+from tests.e2e.conftest import both_engines, start_session
 
 LONG_REPLY = "Count from 1 to 300, separated by commas."
 
 
+@both_engines
 def test_engine_killed_mid_reply_keeps_partial_and_restarts(
-    store: ConversationStore, model_path, run
+    store: ConversationStore, model_path, run, engine
 ):
     async def scenario():
-        session = await start_session(store, model_path)
+        session = await start_session(store, model_path, engine=engine)
         states: list[EngineState] = []
         session.engine.add_state_listener(lambda state, detail: states.append(state))
         conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 400})

@@ -8,10 +8,11 @@ import pytest
 
 from app.engine.host import EngineClient, EngineState, Priority
 from app.engine.protocol import FinishReason, LoadOptions, ModelLoadError, SamplingParams
+from tests.e2e.conftest import both_engines
 
 
-async def _client(model_path: str) -> EngineClient:
-    client = EngineClient(LoadOptions(model_path, n_ctx=4096))
+async def _client(model_path: str, engine: str = "llama.cpp") -> EngineClient:
+    client = EngineClient(LoadOptions(model_path, n_ctx=4096), backend=engine)
     await client.start()
     return client
 
@@ -22,9 +23,10 @@ async def _prompt(client: EngineClient, text: str) -> list[int]:
     )
 
 
-def test_users_send_preempts_background_prefill(model_path, run):
+@both_engines
+def test_users_send_preempts_background_prefill(model_path, run, engine):
     async def scenario():
-        client = await _client(model_path)
+        client = await _client(model_path, engine)
         try:
             long = await client.tokenize("The quick brown fox jumps over the lazy dog. " * 300)
             prefill = asyncio.create_task(client.prefill(long, slot="draft"))
@@ -73,9 +75,10 @@ def test_queued_work_runs_by_priority(model_path, run):
     assert run(scenario()) == ["first", "user", "background"]
 
 
-def test_cancel_between_tokens_and_prefill_only(model_path, run):
+@both_engines
+def test_cancel_between_tokens_and_prefill_only(model_path, run, engine):
     async def scenario():
-        client = await _client(model_path)
+        client = await _client(model_path, engine)
         try:
             prompt = await _prompt(client, "Count from 1 to 100.")
             warm = await client.prefill(prompt, slot="s")
@@ -99,13 +102,16 @@ def test_cancel_between_tokens_and_prefill_only(model_path, run):
     assert 5 <= count <= 7 and generation.stats.generated_tokens == count
 
 
-def test_load_failure_is_reported_not_restarted(tmp_path, run):
+@both_engines
+def test_load_failure_is_reported_not_restarted(tmp_path, run, engine):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
 
     async def scenario():
         states: list[EngineState] = []
-        client = EngineClient(LoadOptions(str(bad)), on_state=lambda s, _: states.append(s))
+        client = EngineClient(
+            LoadOptions(str(bad)), backend=engine, on_state=lambda s, _: states.append(s)
+        )
         with pytest.raises(ModelLoadError) as error:
             await client.start()
         alive = client.pid is not None

@@ -12,7 +12,7 @@ from app.engine.host import EngineClient
 from app.engine.prewarm import Prewarmer
 from app.engine.protocol import FinishReason, LoadOptions, SamplingParams, TokenEvent
 from app.session import ChatSession
-from tests.e2e.conftest import start_session
+from tests.e2e.conftest import both_engines, needs_mlx, start_session
 
 STORY = (
     "The lighthouse keeper climbed the spiral stairs every evening, counting the steps "
@@ -20,8 +20,8 @@ STORY = (
 ) * 8
 
 
-async def _client(model_path: str, **options) -> EngineClient:
-    client = EngineClient(LoadOptions(model_path, n_ctx=4096, **options))
+async def _client(model_path: str, engine: str, **options) -> EngineClient:
+    client = EngineClient(LoadOptions(model_path, n_ctx=4096, **options), backend=engine)
     await client.start()
     return client
 
@@ -37,11 +37,11 @@ async def _greedy(client: EngineClient, prompt: list[int], slot: str) -> tuple[l
     return tokens, generation.stats
 
 
-def _live_run(model_path: str, run) -> tuple[list[int], list[int]]:
+def _live_run(model_path: str, run, engine: str) -> tuple[list[int], list[int]]:
     """Prefill and reply in one engine; closing it writes the conversation's snapshot."""
 
     async def scenario():
-        client = await _client(model_path)
+        client = await _client(model_path, engine)
         try:
             prompt = await _prompt(client)
             tokens, _ = await _greedy(client, prompt, "talk")
@@ -53,16 +53,18 @@ def _live_run(model_path: str, run) -> tuple[list[int], list[int]]:
 
 
 def _snapshot_file() -> Path:
-    (file,) = paths.cache_dir().glob("kv/*/*.kv")
+    """The one snapshot file (each engine keeps its own under the model's folder)."""
+    (file,) = (paths.cache_dir() / "kv").rglob("*.kv")
     return file
 
 
-def test_disk_snapshot_continues_exactly_like_live_context(model_path, run):
-    prompt, live = _live_run(model_path, run)
+@both_engines
+def test_disk_snapshot_continues_exactly_like_live_context(model_path, run, engine):
+    prompt, live = _live_run(model_path, run, engine)
     assert len(live) == 32
 
     async def restart():
-        client = await _client(model_path)
+        client = await _client(model_path, engine)
         try:
             return await _greedy(client, prompt, "talk")
         finally:
@@ -83,7 +85,7 @@ def _flip_payload_byte(data: bytes) -> bytes:
 
 
 def _other_fingerprint(data: bytes) -> bytes:
-    fingerprint = _snapshot_file().parent.name.encode()
+    fingerprint = _snapshot_file().relative_to(paths.cache_dir() / "kv").parts[0].encode()
     return data.replace(fingerprint, fingerprint[::-1], 1)
 
 
@@ -92,15 +94,23 @@ def _future_version(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "damage", [_truncate, _flip_payload_byte, _other_fingerprint, _future_version]
+    ("engine", "damage"),
+    [
+        *(("llama.cpp", d) for d in (_truncate, _other_fingerprint, _future_version)),
+        *(
+            ("llama.cpp", _flip_payload_byte),
+            pytest.param("mlx", _flip_payload_byte, marks=needs_mlx),
+        ),
+    ],
 )
-def test_damaged_snapshot_is_rejected_deleted_and_prefilled(model_path, run, damage):
-    prompt, live = _live_run(model_path, run)
+def test_damaged_snapshot_is_rejected_deleted_and_prefilled(model_path, run, engine, damage):
+    """The checks are the store's, the same for every engine; MLX takes the payload case."""
+    prompt, live = _live_run(model_path, run, engine)
     file = _snapshot_file()
     file.write_bytes(damage(file.read_bytes()))
 
     async def restart():
-        client = await _client(model_path)
+        client = await _client(model_path, engine)
         try:
             tokens, stats = await _greedy(client, prompt, "talk")
             return tokens, stats, file.exists()
@@ -113,9 +123,10 @@ def test_damaged_snapshot_is_rejected_deleted_and_prefilled(model_path, run, dam
     assert not kept  # the damaged file was deleted, never loaded
 
 
-def test_resident_switch_restores_nothing_and_eviction_goes_to_ram(model_path, run):
+@both_engines
+def test_resident_switch_restores_nothing_and_eviction_goes_to_ram(model_path, run, engine):
     async def scenario():
-        client = await _client(model_path, n_seq_max=2)
+        client = await _client(model_path, engine, n_seq_max=2)
         try:
             others = [await client.tokenize(f"Chapter {i}. {STORY}") for i in range(3)]
             for slot, tokens in zip("AB", others, strict=False):

@@ -7,7 +7,7 @@ from app.engine.chat_template import ChatTemplate
 from app.engine.protocol import FinishReason
 from app.engine.transcript import Transcript, Turn
 from app.session import ChatSession
-from tests.e2e.conftest import GREEDY, start_session
+from tests.e2e.conftest import GREEDY, both_engines, start_session
 
 QUESTIONS = [
     "Name a primary color.",
@@ -32,9 +32,12 @@ def _kv_after(prompt: list[int], reply: list[int], reason: FinishReason) -> list
     return held[:-1] if reason == FinishReason.LENGTH and reply else held
 
 
-def test_five_turns_prefill_only_their_new_tokens(store: ConversationStore, model_path, run):
+@both_engines
+def test_five_turns_prefill_only_their_new_tokens(
+    store: ConversationStore, model_path, run, engine
+):
     async def scenario():
-        session = await start_session(store, model_path)
+        session = await start_session(store, model_path, engine=engine)
         try:
             conversation = store.create_conversation(
                 system_prompt="You answer in a few words.", sampling=GREEDY
@@ -103,9 +106,10 @@ def test_transcript_equals_fresh_tokenization(store: ConversationStore, model_pa
     ]
 
 
-def test_edit_and_regenerate_branch_and_trim_kv(store: ConversationStore, model_path, run):
+@both_engines
+def test_edit_and_regenerate_branch_and_trim_kv(store: ConversationStore, model_path, run, engine):
     async def scenario():
-        session = await start_session(store, model_path)
+        session = await start_session(store, model_path, engine=engine)
         try:
             conversation = store.create_conversation(sampling=GREEDY)
             first = await session.send(conversation.id, QUESTIONS[0])
@@ -167,9 +171,12 @@ def test_edit_and_regenerate_branch_and_trim_kv(store: ConversationStore, model_
     ]
 
 
-def test_stop_then_continue_the_interrupted_reply(store: ConversationStore, model_path, run):
+@both_engines
+def test_stop_then_continue_the_interrupted_reply(
+    store: ConversationStore, model_path, run, engine
+):
     async def scenario():
-        session = await start_session(store, model_path)
+        session = await start_session(store, model_path, engine=engine)
         try:
             conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 60})
             count = 0

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 from pytestqt.qtbot import QtBot
 
+from app.engine.choice import mlx_installed
 from app.hardware.detect import CpuInfo, GpuInfo, Hardware, MemoryInfo, rebuild_hint
 from app.hardware.memory import GIB
 from app.hardware.planner import DeviceBudget, Plan, plan
@@ -243,6 +244,26 @@ def test_the_default_model_without_gpus_plans_everything_on_the_cpu(
     assert wizard.facts["size"].text().endswith("MiB")
     assert CONTEXT_STOPS[0] <= wizard.context() <= 8192 == wizard._stops[-1]
     assert wizard.apply_button.isEnabled()
+
+
+def test_the_engine_is_offered_per_model_and_saved_with_the_plan(
+    open_wizard: Callable[..., HardwareWizard], qtbot: QtBot
+) -> None:
+    """Off Apple Silicon llama.cpp is preselected; MLX is offered for a llama GGUF where
+    MLX is installed, and the choice is saved with the plan and shown again."""
+    wizard = open_wizard(default_model_path(), machine(0, 0, 64))
+    combo = wizard.engine_combo
+    assert combo.currentData() == "llama.cpp"
+    mlx_item = combo.model().item(combo.findData("mlx"))
+    assert mlx_item.isEnabled() == mlx_installed()
+    if not mlx_installed():
+        return
+    combo.setCurrentIndex(combo.findData("mlx"))
+    with qtbot.waitSignal(wizard.applied, timeout=PLAN_TIMEOUT_MS):
+        qtbot.mouseClick(wizard.apply_button, Qt.MouseButton.LeftButton)
+    assert load_settings.load(default_model_path())["engine"] == "mlx"
+    again = open_wizard(default_model_path(), machine(0, 0, 64))  # opens on what was saved
+    assert again.engine_combo.currentData() == "mlx"
 
 
 def test_a_gpu_build_missing_plans_on_the_cpu_and_says_how_to_rebuild(

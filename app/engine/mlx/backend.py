@@ -77,9 +77,9 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def _compact(cache: list[Any]) -> list[Any]:
-    """The cache as it will be saved: KVCache buffers grow in steps of 256 rows and a trim
-    only moves the offset, so save only the rows in use."""
+def compact_cache(cache: list[Any]) -> list[Any]:
+    """The cache with only the rows in use: KVCache buffers grow in steps of 256 rows and a
+    trim only moves the offset. Its KVCache layers are new objects (a copy to write into)."""
     out = []
     for layer in cache:
         if type(layer) is KVCache and layer.keys is not None:
@@ -210,7 +210,7 @@ class MlxEngine:
             return 0
         buffer = io.BytesIO()
         try:
-            save_prompt_cache(buffer, _compact(slot.cache), {"engine": self.backend_name})
+            save_prompt_cache(buffer, compact_cache(slot.cache), {"engine": self.backend_name})
         except (ValueError, AttributeError, TypeError) as exc:  # a cache mlx-lm cannot save
             logger.warning("no snapshot for %s: %s", name, exc)
             return 0

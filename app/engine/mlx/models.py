@@ -1,12 +1,8 @@
-"""Which code builds which architecture on MLX, and loading a model from a path.
+"""Loading a model for the MLX engine from a path: a GGUF file or an mlx-lm folder.
 
-Two small registries, by architecture name, so a model module plugs in without touching
-the engine:
-- `GGUF_BUILDERS`: a GGUF's `general.architecture` -> "module:function" that takes the
-  tensors and metadata `mx.load` returns and gives back an mlx-lm-shaped model;
-- `FOLDER_MODULES`: an mlx-lm folder's `model_type` -> the module holding `Model` and
-  `ModelArgs`, for architectures mlx-lm does not ship (others come from mlx-lm itself).
-Entries are import paths, so an entry costs nothing until a model of it is loaded.
+The architecture picks the code that builds the model (`registry`); the weights are then
+put in the form the device runs fastest, and the tokenizer and chat template come from the
+model itself.
 """
 
 from __future__ import annotations
@@ -20,12 +16,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from app.engine.mlx.registry import FOLDER_MODULES, GGUF_BUILDERS
 from app.engine.mlx.tokenizer import GGUFTokenizer, HFTokenizer, MlxTokenizer
 from app.engine.model_file import check_gguf, fingerprint
 from app.engine.protocol import ModelLoadError
-
-GGUF_BUILDERS: dict[str, str] = {"llama": "app.engine.mlx.gguf_llama:build"}
-FOLDER_MODULES: dict[str, str] = {}
 
 GGUFBuilder = Callable[[dict[str, mx.array], dict[str, Any]], nn.Module]
 
@@ -98,15 +92,21 @@ def _load_gguf(path: Path) -> LoadedModel:
         weights, metadata = mx.load(str(path), return_metadata=True)
     except (RuntimeError, ValueError) as exc:
         raise ModelLoadError(
-            f"MLX could not read {path.name}: {exc}. MLX reads GGUF tensors of types F32, F16, "
-            "BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K and Q2_K; use the llama.cpp engine for others."
+            f"Could not load the model {path.name}: MLX could not read it ({exc}). The file "
+            "may be truncated or damaged, or hold tensor types MLX does not read (it reads "
+            "F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, Q2_K); try the llama.cpp engine."
         ) from exc
-    architecture = meta_value(metadata, "general.architecture") or "unknown"
+    architecture = meta_value(metadata, "general.architecture")
+    if not architecture or not weights:
+        raise ModelLoadError(
+            f"Could not load the model {path.name}: it names no architecture or holds no "
+            "tensors. The file may be truncated or damaged; download it again."
+        )
     target = GGUF_BUILDERS.get(architecture)
     if target is None:
         raise ModelLoadError(
-            f"The MLX engine cannot run {architecture!r} GGUF models "
-            f"(it runs {', '.join(sorted(GGUF_BUILDERS))}); choose the llama.cpp engine."
+            f"Could not load the model {path.name} with MLX: it is a {architecture!r} model "
+            f"and MLX runs {', '.join(sorted(GGUF_BUILDERS))}. Choose the llama.cpp engine."
         )
     builder: GGUFBuilder = _import(target)
     model = _fit_device(builder(weights, metadata), gguf=True)
@@ -155,7 +155,7 @@ def _load_folder(folder: Path) -> LoadedModel:
     try:
         model, config = mlx_lm_load_model(folder, get_model_classes=_model_classes)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelLoadError(f"MLX could not load {folder.name}: {exc}") from exc
+        raise ModelLoadError(f"Could not load the model {folder.name}: {exc}") from exc
     model = _fit_device(model, gguf=False)
     tokenizer = HFTokenizer(folder)
     hf = tokenizer.hf
