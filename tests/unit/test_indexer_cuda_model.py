@@ -4,19 +4,22 @@ CUDA cannot run here, so this models what cuda_indexer.py's kernels do, with the
 formulas: the cp.async loader's swizzled shared-memory image, ldmatrix's lane addresses and
 register hand-out, the PTX ISA's m16n8k16 fragment layouts (A, B, C), the K-resident B
 fragments loaded from global memory, the epilogue's row weights, the tile and warp skips and
-the stores; then the streaming selector's tiles, ballot compaction, threshold raises and
+the stores; then the radix selector's levels, bin chunks, compaction, final gather and
 bitonic network. If a formula here and in the kernel disagree, the GPU run's exact checks
 (bench/indexer.py) say so; if the algorithm itself is wrong, these tests do, in CI.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from app.engine.mlx.kernels import reference_scores
+from app.engine.mlx.kernels import canonical_top_k, reference_scores
 from app.engine.mlx.kernels.acceptance import Inputs, integer_inputs
+from app.engine.mlx.kernels.cuda_indexer import sort_size
 
 LANE = np.arange(32)
 GROUP, IN_GROUP = LANE >> 2, LANE & 3  # PTX groupID, threadID_in_group
@@ -188,52 +191,78 @@ def bitonic_desc(a: np.ndarray, size_p: int) -> None:
 
 
 def model_select(
-    scores: np.ndarray, n_visible: np.ndarray, k: int, tpb: int = 512, cap: int = 2048
-) -> tuple[np.ndarray, int]:
-    """SELECT_SOURCE per row; also returns how many threshold raises (sorts) it made."""
-    n_queries, n_rows = scores.shape
-    out = np.full((n_queries, k), -1, np.int64)
-    raises = 0
-    for row in range(n_queries):
-        n = max(0, min(int(n_visible[row]), n_rows))
-        cand = np.zeros(cap, np.uint64)
-        count, thr = 0, np.uint64(0)
-        for base in range(0, n, tpb):
-            s = base + np.arange(tpb)
-            valid = s < n
-            key = np.zeros(tpb, np.uint64)
-            key[valid] = keys_of(scores[row, s[valid]], s[valid])
-            take = valid & (key > thr)
-            per_warp = take.reshape(-1, 32)
-            warp_count = per_warp.sum(axis=1)
-            before = np.concatenate([[0], np.cumsum(warp_count)[:-1]])
-            lane_prefix = np.cumsum(per_warp, axis=1) - per_warp
-            slot = count + before[:, None] + lane_prefix
-            cand[slot[per_warp]] = key.reshape(-1, 32)[per_warp]
-            count += int(warp_count.sum())
-            if count > cap - tpb:
-                cand[count:] = 0
-                bitonic_desc(cand, cap)
-                thr, count = cand[k - 1], k
-                raises += 1
-        size_p = 1
-        while size_p < count:
-            size_p <<= 1
-        cand[count:size_p] = 0
-        bitonic_desc(cand, size_p)
-        taken = min(count, k)
-        out[row, :taken] = (np.uint64(0xFFFFFFFF) - (cand[:taken] & np.uint64(0xFFFFFFFF))).astype(
-            np.int64
-        )
-    return out, raises
+    scores: np.ndarray,
+    n_visible: np.ndarray,
+    k: int,
+    tpb: int = 256,
+    cap: int = 2048,
+    radix: int = 11,
+    seed: int = 0,
+) -> tuple[np.ndarray, Counter]:
+    """SELECT_SOURCE per row: radix levels over the 64-bit keys, the compaction into the
+    candidate buffer, the per-thread bin chunks and their exclusive sum, the final gather and
+    sort. Atomic slots land in any order: the model shuffles them. Also returns how the rows
+    went: "global_levels", "cand_levels", "compactions", "final_global", "final_cand"."""
+    rng = np.random.default_rng(seed)
+    bins = 1 << radix
+    per = bins // tpb
+    kp = sort_size(k)
+    stats: Counter = Counter()
+    out = np.full((scores.shape[0], k), -1, np.int64)
+    for row in range(scores.shape[0]):
+        n = max(0, min(int(n_visible[row]), scores.shape[1]))
+        row_keys = keys_of(scores[row, :n], np.arange(n))
+        shift, prefix, need, match = 64, 0, k, n
+        cand = None
+
+        def high(keys: np.ndarray, shift: int = shift) -> np.ndarray:
+            return np.zeros_like(keys) if shift >= 64 else keys >> np.uint64(shift)
+
+        while match > need:
+            if cand is None and k - need + match <= cap:
+                cand = rng.permutation(row_keys[high(row_keys, shift) >= prefix])
+                stats["compactions"] += 1
+            source = row_keys if cand is None else cand
+            stats["global_levels" if cand is None else "cand_levels"] += 1
+            width = min(radix, shift)
+            nxt = shift - width
+            hist = np.zeros(bins, np.int64)
+            same = source[high(source, shift) == prefix]
+            digits = (same >> np.uint64(nxt)) & np.uint64((1 << width) - 1)
+            np.add.at(hist, digits.astype(np.int64), 1)
+            top = bins - per * np.arange(tpb)
+            chunk = hist[top[:, None] - np.arange(1, per + 1)[None, :]]  # [thread, j]
+            mine = chunk.sum(axis=1)
+            above = np.cumsum(mine) - mine
+            owner = np.flatnonzero((above < need) & (above + mine >= need))
+            assert owner.size == 1  # exactly one thread writes found_bin
+            t = int(owner[0])
+            acc = int(above[t])
+            for j in range(per):
+                if acc + chunk[t, j] >= need:
+                    found = int(top[t]) - 1 - j
+                    break
+                acc += int(chunk[t, j])
+            need -= acc
+            match = int(hist[found])
+            prefix = (prefix << width) | found
+            shift = nxt
+        source = row_keys if cand is None else cand
+        stats["final_global" if cand is None else "final_cand"] += 1
+        best = rng.permutation(source[high(source, shift) >= prefix])
+        taken = best.size
+        assert taken == min(n, k) and (cand is None or cand.size <= cap)
+        padded = np.zeros(kp, np.uint64)
+        padded[:taken] = best
+        bitonic_desc(padded, kp)
+        inverted = padded[:taken] & np.uint64(0xFFFFFFFF)
+        out[row, :taken] = (np.uint64(0xFFFFFFFF) - inverted).astype(np.int64)
+    return out, stats
 
 
 def canonical(scores: np.ndarray, n_visible: np.ndarray, k: int) -> np.ndarray:
-    out = np.full((scores.shape[0], k), -1, np.int64)
-    for row, nv in enumerate(np.minimum(n_visible, scores.shape[1])):
-        order = np.lexsort((np.arange(nv), -scores[row, :nv]))[:k]
-        out[row, : order.size] = order
-    return out
+    """The reference's selection (its uint64 keys order NaN above +inf, as the kernel's do)."""
+    return np.array(canonical_top_k(mx.array(scores), mx.array(n_visible), k)).astype(np.int64)
 
 
 def test_bitonic_network_sorts_descending() -> None:
@@ -245,22 +274,47 @@ def test_bitonic_network_sorts_descending() -> None:
         assert np.array_equal(a, want)
 
 
-@pytest.mark.parametrize(("tpb", "cap", "k"), [(512, 2048, 512), (32, 128, 40), (64, 256, 1)])
-def test_selector_model_is_canonical_on_adversarial_rows(tpb: int, cap: int, k: int) -> None:
+@pytest.mark.parametrize(
+    ("tpb", "cap", "radix", "k"),
+    [(256, 2048, 11, 512), (32, 128, 5, 40), (8, 64, 3, 1), (16, 256, 4, 100)],
+)
+def test_selector_model_is_canonical_on_adversarial_rows(
+    tpb: int, cap: int, radix: int, k: int
+) -> None:
     rng = np.random.default_rng(tpb + k)
-    n_rows = 40 * tpb + 7
+    n_rows = 12 * cap + 7
     rows = [
-        np.arange(n_rows, dtype=np.float32),  # ascending: every tile beats the threshold
-        -np.arange(n_rows, dtype=np.float32),  # descending: the first tile wins
-        np.zeros(n_rows, np.float32),  # all tied: index order
+        np.arange(n_rows, dtype=np.float32),  # ascending: the best rows come last
+        -np.arange(n_rows, dtype=np.float32),  # descending
+        np.zeros(n_rows, np.float32),  # all tied: the index decides, down to the last bit
         rng.integers(-3, 4, n_rows).astype(np.float32),  # heavy ties
         rng.standard_normal(n_rows).astype(np.float32),
+        (5.0 + 1e-3 * rng.standard_normal(n_rows)).astype(np.float32),  # one crowded octave
         np.where(rng.random(n_rows) < 0.5, -0.0, 0.0).astype(np.float32),  # signed zeros
         np.full(n_rows, -np.inf, np.float32),
+        np.where(rng.random(n_rows) < 0.01, np.nan, rng.standard_normal(n_rows)).astype(np.float32),
     ]
     scores = np.stack(rows)
-    for n_visible in ([n_rows] * 7, [0, 1, k - 1, k, k + 1, tpb + 3, 3 * cap + 5]):
+    seen: Counter = Counter()
+    for n_visible in (
+        [n_rows] * len(rows),
+        [0, 1, k - 1, k, k + 1, cap - 1, cap + 1, 3 * cap + 5, n_rows - 1],
+    ):
         nv = np.array(n_visible)
-        got, raises = model_select(scores, nv, k, tpb, cap)
+        got, stats = model_select(scores, nv, k, tpb, cap, radix, seed=len(seen))
         assert np.array_equal(got, canonical(scores, nv, k)), n_visible
-    assert raises > 0  # the threshold path ran
+        seen += stats
+    # Every path ran: levels over the row and over the buffer, finals from both.
+    assert all(seen[name] > 0 for name in ("global_levels", "cand_levels", "compactions"))
+    assert seen["final_global"] > 0 and seen["final_cand"] > 0
+
+
+def test_random_scores_take_two_passes_over_the_row() -> None:
+    """The bench's case: one histogram pass, one compaction, the rest in shared memory."""
+    rng = np.random.default_rng(3)
+    scores = rng.standard_normal((8, 16384)).astype(np.float32)
+    nv = np.full(8, 16384)
+    got, stats = model_select(scores, nv, 512)
+    assert np.array_equal(got, canonical(scores, nv, 512))
+    assert stats["global_levels"] == 8 and stats["compactions"] == 8
+    assert stats["final_cand"] == 8

@@ -9,12 +9,16 @@ D/16 x MT x 4 mma.sync m16n8k16 (fp16 in, fp32 accumulate), then ReLU and the he
 fold into an fp32 running sum in registers. Tiles no query of the block may see are
 skipped; columns a query may not see are left unwritten (the selector never reads them).
 
-Selector: one 512-thread block per query streams its visible scores in 512-wide tiles.
-Keys are 64-bit (order-preserving float bits, then the inverted row index), unique per row,
-so "larger key" is exactly the canonical order. Keys above the running threshold are
-compacted into a 2048-slot shared buffer (ballot + popcount, no atomics); when it holds
-more than 1536 a bitonic sort keeps the best k and raises the threshold to the k-th key.
-A final sort emits the indices.
+Selector: a radix select, one 256-thread block per query, many queries per SM. Keys are 64-bit
+(order-preserving float bits, then the inverted row index), unique per row, so "larger key" is
+exactly the canonical order and the k-th best key is one value with no ties. Each level
+histograms the next 11 bits of the keys that share the bits fixed so far (2,048 shared-memory
+bins) and fixes the bin holding the k-th; once the keys at or above the fixed prefix fit in
+2,048 shared-memory slots they are compacted there (one more pass over the row) and the
+remaining levels read only them. When the k-th's bin holds exactly the keys still needed,
+the keys at or above the prefix are the top k: they are gathered, bitonic-sorted (k slots)
+and written. Random scores take two passes over the row (one histogram, one compaction);
+heavy ties cost up to six, still without a sort of the row.
 
 sm_80+ (cp.async, ldmatrix, mma.sync); NVRTC builds for the device's own architecture.
 """
@@ -27,8 +31,8 @@ import hashlib
 import mlx.core as mx
 
 DEFAULT_M_TILES = 2
-SELECT_THREADS = 512
-SELECT_CAPACITY = 2048
+SELECT_THREADS = 256
+SELECT_MAX_K = 2048
 DEFAULT_WARPS = 8
 SUPPORTED_DIMS = (16, 32, 64, 128)
 
@@ -91,6 +95,52 @@ __device__ __forceinline__ void stoke_bitonic_desc(unsigned long long* a, int P,
       __syncthreads();
     }
   }
+}
+// The key's bits above `shift`; every key has the same (empty) prefix when shift is 64.
+__device__ __forceinline__ unsigned long long stoke_high(unsigned long long key, int shift) {
+  return shift >= 64 ? 0ull : key >> shift;
+}
+// Exclusive prefix sum of one int per thread over the block (thread order).
+template <int TPB>
+__device__ __forceinline__ int stoke_exclusive_sum(int v, int* warp_sum, int tid) {
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xFFFFFFFFu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sum[warp] = x;
+  __syncthreads();
+  int before = 0;
+#pragma unroll
+  for (int i = 0; i < TPB / 32; ++i) before += (i < warp) ? warp_sum[i] : 0;
+  __syncthreads();
+  return before + x - v;
+}
+// Calls visit(key) for every visible score of a row: coalesced, UNROLL loads in flight.
+template <int TPB, int UNROLL, typename F>
+__device__ __forceinline__ void stoke_visit_row(const float* srow, int n, int tid, F& visit) {
+  for (int base = 0; base < n; base += TPB * UNROLL) {
+    float v[UNROLL];
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      const int s = base + j * TPB + tid;
+      v[j] = s < n ? __ldg(srow + s) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < UNROLL; ++j) {
+      const int s = base + j * TPB + tid;
+      if (s < n) visit(stoke_key(v[j], s));
+    }
+  }
+}
+// Calls visit(key) for every key of a shared-memory buffer.
+template <int TPB, typename F>
+__device__ __forceinline__ void stoke_visit_keys(const unsigned long long* keys, int n, int tid,
+                                                 F& visit) {
+  for (int i = tid; i < n; i += TPB) visit(keys[i]);
 }
 """
 
@@ -228,61 +278,109 @@ SCORE_SOURCE = r"""
 """
 
 SELECT_SOURCE = r"""
-  // Template constant: K (how many rows to keep, K + TPB <= CAP).
-  constexpr int TPB = 512;
-  constexpr int CAP = 2048;
-  constexpr int NW = TPB / 32;
+  // Template constants: K (rows to keep), KP (a power of two >= K, the final sort's size),
+  // TPB (threads per block, dividing BINS).
+  constexpr int CAP = 2048;       // candidate keys a block holds in shared memory
+  constexpr int RADIX = 11;       // key bits fixed per level
+  constexpr int BINS = 1 << RADIX;
+  constexpr int PER = BINS / TPB; // bins per thread when locating the k-th key
+  constexpr int UNROLL = 8;       // loads in flight per thread on a pass over the row
   __shared__ unsigned long long cand[CAP];
-  __shared__ int warp_count[NW];
+  __shared__ unsigned long long best[KP];
+  __shared__ int hist[BINS];
+  __shared__ int warp_sum[TPB / 32];
+  __shared__ int n_cand;
+  __shared__ int n_best;
+  __shared__ int found_bin;
+  __shared__ int found_above;
 
   const int S = dims[2];
   const int row = blockIdx.x;
   const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
   const int n = max(0, min(nv[row], S));
   const float* srow = scores + static_cast<int64_t>(row) * S;
-
-  int count = 0;                     // the same in every thread
-  unsigned long long thr = 0ull;     // keep keys above it; every real key is > 0
-  for (int base = 0; base < n; base += TPB) {
-    const int s = base + tid;
-    unsigned long long key = 0ull;
-    bool take = false;
-    if (s < n) {
-      key = stoke_key(srow[s], s);
-      take = key > thr;
-    }
-    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, take);
-    if (lane == 0) warp_count[warp] = __popc(ballot);
-    __syncthreads();
-    int before = 0;
-    int total = 0;
-#pragma unroll
-    for (int i = 0; i < NW; ++i) {
-      const int c = warp_count[i];
-      before += (i < warp) ? c : 0;
-      total += c;
-    }
-    if (take) cand[count + before + __popc(ballot & ((1u << lane) - 1u))] = key;
-    count += total;
-    __syncthreads();
-    if (count > CAP - TPB) {         // room for one more tile no longer guaranteed
-      for (int i = count + tid; i < CAP; i += TPB) cand[i] = 0ull;
-      __syncthreads();
-      stoke_bitonic_desc<TPB>(cand, CAP, tid);
-      thr = cand[K - 1];
-      count = K;
-    }
+  if (tid == 0) {
+    n_cand = 0;
+    n_best = 0;
   }
-  int P = 1;
-  while (P < count) P <<= 1;
-  for (int i = count + tid; i < P; i += TPB) cand[i] = 0ull;
   __syncthreads();
-  stoke_bitonic_desc<TPB>(cand, P, tid);
+
+  // Invariant: the K-th best key's bits above `shift` are `prefix`; K - need keys have higher
+  // bits above `shift` and `match` keys the same ones. Once match <= need, the keys whose bits
+  // above `shift` are >= prefix are exactly the top min(n, K). Keys are unique, so match
+  // reaches need by shift 0 at the latest. Every thread holds the same state.
+  int shift = 64;
+  unsigned long long prefix = 0ull;
+  int need = K;
+  int match = n;
+  bool in_cand = false;
+  int kept = 0;
+  auto keep = [&](unsigned long long key) {
+    if (stoke_high(key, shift) >= prefix) cand[atomicAdd(&n_cand, 1)] = key;
+  };
+  while (match > need) {
+    if (!in_cand && K - need + match <= CAP) {
+      stoke_visit_row<TPB, UNROLL>(srow, n, tid, keep);
+      __syncthreads();
+      kept = n_cand;
+      in_cand = true;
+    }
+    const int width = min(RADIX, shift);
+    const int next = shift - width;
+    const unsigned long long digit = (1ull << width) - 1ull;
+    for (int i = tid; i < BINS; i += TPB) hist[i] = 0;
+    __syncthreads();
+    auto count = [&](unsigned long long key) {
+      if (stoke_high(key, shift) == prefix) atomicAdd(&hist[(key >> next) & digit], 1);
+    };
+    if (in_cand) {
+      stoke_visit_keys<TPB>(cand, kept, tid, count);
+    } else {
+      stoke_visit_row<TPB, UNROLL>(srow, n, tid, count);
+    }
+    __syncthreads();
+    // Thread t sums bins [BINS - PER (t + 1), BINS - PER t): thread 0 holds the highest, so
+    // the exclusive sum is the number of keys in bins above a thread's own.
+    const int top = BINS - PER * tid;
+    int mine = 0;
+#pragma unroll
+    for (int j = 1; j <= PER; ++j) mine += hist[top - j];
+    int above = stoke_exclusive_sum<TPB>(mine, warp_sum, tid);
+    if (above < need && above + mine >= need) {
+      for (int j = 1; j <= PER; ++j) {
+        const int c = hist[top - j];
+        if (above + c >= need) {
+          found_bin = top - j;
+          found_above = above;
+          break;
+        }
+        above += c;
+      }
+    }
+    __syncthreads();
+    need -= found_above;
+    match = hist[found_bin];
+    prefix = (prefix << width) | static_cast<unsigned long long>(found_bin);
+    shift = next;
+    __syncthreads();  // the next level rewrites hist and found_*
+  }
+
+  auto take = [&](unsigned long long key) {
+    if (stoke_high(key, shift) >= prefix) best[atomicAdd(&n_best, 1)] = key;
+  };
+  if (in_cand) {
+    stoke_visit_keys<TPB>(cand, kept, tid, take);
+  } else {
+    stoke_visit_row<TPB, UNROLL>(srow, n, tid, take);
+  }
+  __syncthreads();
+  const int taken = n_best;
+  for (int i = taken + tid; i < KP; i += TPB) best[i] = 0ull;
+  __syncthreads();
+  stoke_bitonic_desc<TPB>(best, KP, tid);
   for (int j = tid; j < K; j += TPB) {
     out[static_cast<int64_t>(row) * K + j] =
-        j < count ? static_cast<int>(0xFFFFFFFFu - static_cast<unsigned>(cand[j] & 0xFFFFFFFFull))
+        j < taken ? static_cast<int>(0xFFFFFFFFu - static_cast<unsigned>(best[j] & 0xFFFFFFFFull))
                   : -1;
   }
 """
@@ -298,9 +396,14 @@ def unsupported(dim: int, k: int) -> str | None:
     """Why the twin cannot take this shape (None when it can)."""
     if dim not in SUPPORTED_DIMS:
         return f"head dim {dim} is not one of {SUPPORTED_DIMS}"
-    if not 1 <= k <= SELECT_CAPACITY - SELECT_THREADS:
-        return f"k = {k} is outside 1..{SELECT_CAPACITY - SELECT_THREADS}"
+    if not 1 <= k <= SELECT_MAX_K:
+        return f"k = {k} is outside 1..{SELECT_MAX_K}"
     return None
+
+
+def sort_size(k: int) -> int:
+    """The selector's final bitonic sort size: the power of two at or above k."""
+    return 1 << max(0, k - 1).bit_length()
 
 
 def _name(stem: str, source: str) -> str:
@@ -372,7 +475,7 @@ def select(scores_: mx.array, n_visible: mx.array, k: int) -> mx.array:
     n_queries, n_rows = scores_.shape
     return _select_kernel()(
         inputs=[scores_, n_visible.astype(mx.int32), _dims(n_queries, 0, n_rows)],
-        template=[("K", k)],
+        template=[("K", k), ("KP", sort_size(k)), ("TPB", SELECT_THREADS)],
         grid=(SELECT_THREADS * n_queries, 1, 1),
         threadgroup=(SELECT_THREADS, 1, 1),
         output_shapes=[(n_queries, k)],
