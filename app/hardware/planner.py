@@ -78,6 +78,7 @@ class DeviceBudget:
     # measured it on this machine (`refine`); used instead of the calibrated envelope.
     measured_compute: tuple[tuple[int, int], ...] = ()
     total: int | None = None  # the device's whole memory, when known (sizes the reserve)
+    runtime: int | None = None  # the GPU runtime's own bytes, where measured on this machine
 
     @classmethod
     def of(cls, gpu: GpuInfo) -> DeviceBudget:
@@ -87,6 +88,8 @@ class DeviceBudget:
     @property
     def reserve(self) -> int:
         """Bytes the GPU runtime takes beside llama.cpp's buffers (see GPU_RESERVE)."""
+        if self.runtime is not None:
+            return self.runtime
         return max(GPU_RESERVE, int((self.total or self.budget) * GPU_RESERVE_FRACTION))
 
 
