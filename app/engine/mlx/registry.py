@@ -17,4 +17,4 @@ GGUF_BUILDERS: dict[str, str] = {
     "llama": "app.engine.mlx.gguf_llama:build",
     "deepseek4": "app.engine.mlx.gguf_deepseek_v4:build",
 }
-FOLDER_MODULES: dict[str, str] = {}
+FOLDER_MODULES: dict[str, str] = {"deepseek_v4": "app.engine.mlx.deepseek_v4"}
