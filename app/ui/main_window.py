@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 
 from app.conversations import Message, StoreError
 from app.conversations.export import export_json, export_markdown, import_json
+from app.engine.choice import AUTO, CHOICES
 from app.engine.host import EngineCrashedError, EngineState
 from app.engine.prewarm import Prewarmer
 from app.engine.protocol import (
@@ -498,12 +499,14 @@ class MainWindow(QMainWindow):
         await self.prewarm.idle()
         engine = self.session.engine
         await engine.close()
-        saved = load_settings.load(path) or {}
+        settings = Settings.load()
+        # the previous model's own engine choice does not carry over; the app's does
+        saved = {"engine": settings.engine if settings.engine in CHOICES else AUTO}
+        saved.update(load_settings.load(path) or {})
         known = {f.name for f in dataclasses.fields(LoadOptions)} - {"model_path"}
         engine.options = dataclasses.replace(
             engine.options, model_path=path, **{k: v for k, v in saved.items() if k in known}
         )
-        settings = Settings.load()
         settings.model_path = path
         settings.save()
         if self.models_dialog is not None:
