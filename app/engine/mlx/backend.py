@@ -4,10 +4,13 @@ mlx-lm's `stream_generate` evaluates each sampled token before the caller has se
 its cache runs one token ahead of what the reply keeps (an end-of-turn token included).
 Stoke needs the KV to hold exactly the tokens it reports, so this drives the model step by
 step instead: token ids in, token ids out, a cancel check between prefill chunks and
-between tokens. Each resident conversation (slot) owns one mlx-lm prompt cache; all of
-them together stay within `n_ctx` tokens and `n_seq_max` slots, like the llama.cpp
-engine's shared context, and a slot pushed out is snapshotted through mlx-lm's
-`save_prompt_cache` into the same checked RAM/disk tiers (`KVStore`, engine tag "mlx").
+between tokens. It keeps mlx-lm's overlap (the next token is evaluated while this one is
+handed out) where the cache can take a token back, and takes back an end-of-turn token.
+
+Each resident conversation (slot) owns one mlx-lm prompt cache; all of them together stay
+within `n_ctx` tokens and `n_seq_max` slots, like the llama.cpp engine's shared context,
+and a slot pushed out is snapshotted through mlx-lm's `save_prompt_cache` into the same
+checked RAM/disk tiers (`KVStore`, engine tag "mlx").
 """
 
 from __future__ import annotations
@@ -312,6 +315,28 @@ class MlxEngine:
         slot.tokens.extend(chunk)
         slot.logits = logits if want_logits else None
 
+    def _feed_ahead(self, slot: _Slot, sampled: mx.array) -> None:
+        """Evaluate a sampled token before its value is read, as mlx-lm's generate_step
+        does: the device works on the next logits while Python hands this token out. The
+        caller appends the token to `slot.tokens` once it is known and kept."""
+        try:
+            logits = self._loaded.model(sampled.reshape(1, 1), cache=slot.cache)[0, -1]
+        except (RuntimeError, ValueError, MemoryError) as exc:
+            self._clear(slot)
+            raise EngineError(f"MLX failed to evaluate the reply: {exc}") from exc
+        mx.async_eval(logits)
+        slot.logits = logits
+
+    def _take_back(self, slot: _Slot, logits: mx.array) -> None:
+        """Undo `_feed_ahead` of a token that is not kept (end of turn): trim it from the
+        cache and restore the logits it was sampled from."""
+        trimmed = trim_prompt_cache(slot.cache, 1)
+        if trimmed == 1:
+            slot.logits = logits
+        else:  # the cache could only go back further, to a point it can restore
+            del slot.tokens[len(slot.tokens) + 1 - trimmed :]
+            slot.logits = None
+
     def prefill(
         self, tokens: Sequence[int], *, slot: str = "default", cancel: CancelToken | None = None
     ) -> GenerationStats:
@@ -363,17 +388,27 @@ class MlxEngine:
             if generated >= max_tokens:
                 break
             logits = held.logits
-            token = int(sample((logits - mx.logsumexp(logits, keepdims=True))[None]).item())
+            sampled = sample((logits - mx.logsumexp(logits, keepdims=True))[None])
+            last = generated + 1 >= max_tokens or len(held.tokens) + 1 >= self._n_ctx
+            ahead = self._trimmable and not last
+            if ahead:
+                self._feed_ahead(held, sampled)
+            token = int(sampled.item())
             last_at = time.perf_counter()
             first_at = first_at or last_at
             if token in loaded.eog_ids:
+                if ahead:
+                    self._take_back(held, logits)
                 reason = FinishReason.STOP
                 break
             generated += 1
+            if ahead:
+                held.tokens.append(token)
             yield TokenEvent(token, text.add(token))
-            if generated >= max_tokens or len(held.tokens) + 1 >= self._n_ctx:
+            if last:
                 break
-            self._forward(held, [token], want_logits=True)
+            if not ahead:
+                self._forward(held, [token], want_logits=True)
         end = last_at or time.perf_counter()
         ttft = (first_at or end) - start
         decode_s = end - (first_at or end)
