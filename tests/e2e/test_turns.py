@@ -171,12 +171,9 @@ def test_edit_and_regenerate_branch_and_trim_kv(store: ConversationStore, model_
     ]
 
 
-@both_engines
-def test_stop_then_continue_the_interrupted_reply(
-    store: ConversationStore, model_path, run, engine
-):
+def test_stop_then_continue_the_interrupted_reply(store: ConversationStore, model_path, run):
     async def scenario():
-        session = await start_session(store, model_path, engine=engine)
+        session = await start_session(store, model_path)
         try:
             conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 60})
             count = 0
