@@ -65,6 +65,7 @@ def test_test_button_says_why_a_server_cannot_be_reached(qapp, no_keychain) -> N
             loop.run_until_complete(asyncio.wait_for(loop.create_task(_test(dialog)), 30))
         finally:
             loop.close()
+            asyncio.set_event_loop(None)
     assert "nothing is listening" in dialog.status.text()
     assert dialog.test_button.isEnabled()
 
