@@ -7,21 +7,26 @@ machine); nothing here is part of the app. In one run it
 2. checks exactness on integer-valued inputs at the model's shape (H = 64, D = 128): every
    (S, L, visibility) of the acceptance grid, the twin's indices against the reference's,
    plus its scores (visible columns) and its selector on the reference's scores, so a
-   mismatch names the stage; then every supported head dim and both block shapes on a
-   small case;
+   mismatch names the stage; then every scorer shape (cuda_indexer.ScorerShape) on every
+   supported head dim (a small case) and at H = 64, D = 128 (S = 4096 and 16387): a shape
+   that fails here, or does not compile, is left out of the timings;
 3. checks random fp16 inputs: the selected sets agree except in rows whose cut is within
    twice the measured score difference (acceptance.set_agreement), and the selector alone is
    canonical on the twin's own scores;
 4. times, at L = 2048, H = 64, D = 128, S in {4096, 16384, 32768} (the last chunk of a
    4S-token prompt): mlx-lm's indexer (matmul + ReLU + head sum + argpartition, in fp32 as
-   in FIELD_NOTES and in fp16), the reference, and the twin (scorer with 8 and 4 warps,
+   in FIELD_NOTES and in fp16), the reference, and the twin (every exact scorer shape,
    selector), each stage alone and the whole op; medians after warm-up, mx.eval +
    mx.synchronize around each repetition.
+
+--focus keeps a short device run to the scorer shapes: their exactness, then S = 16384 and
+32768 with mlx-lm's fp32 path as the yardstick (no full grid, no random-input stage, no
+reference or fp16 timings).
 
 A failing stage is recorded with its error and the run goes on. Writes indexer.json and
 indexer.md to --out (default $OUT, else ./out) after every stage.
 
-    PYTHONPATH=/tmp/mlxsite python3 bench/indexer.py [--out DIR] [--reps N] [--quick]
+    PYTHONPATH=/tmp/mlxsite python3 bench/indexer.py [--out DIR] [--reps N] [--quick] [--focus]
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from app.engine.mlx.kernels.acceptance import (  # noqa: E402
     random_inputs,
     set_agreement,
 )
+from app.engine.mlx.kernels.cuda_indexer import ScorerShape  # noqa: E402
 from app.engine.mlx.kernels.reference import (  # noqa: E402
     canonical_top_k,
     reference_scores,
@@ -65,8 +71,21 @@ from app.engine.mlx.kernels.reference import (  # noqa: E402
 K = 512
 HEADS, DIM, QUERIES = 64, 128, 2048
 TIMED_ROWS = (4096, 16384, 32768)
-# Scorer block shapes tried: (warps along rows, 16-query mma tiles per warp).
-CONFIGS = ((4, 2), (8, 2), (8, 1))  # the first is cuda_indexer's default
+FOCUS_ROWS = (16384, 32768)
+# Scorer shapes tried, cuda_indexer's default first: 8 warps (256-row blocks: half the Q
+# traffic, one block an SM); one 16-query tile's per-head sums live at a time (fewer
+# registers), with a bound that asks for four blocks an SM; 64-query blocks (a Q fragment's
+# shared-memory tile feeds twice the mma per barrier and cp.async batch), bounded to three.
+SHAPES = (
+    cuda_indexer.DEFAULT_SHAPE,
+    ScorerShape(8, 2, 2),
+    ScorerShape(4, 2, 1),
+    ScorerShape(4, 2, 1, 4),
+    ScorerShape(4, 4, 1),
+    ScorerShape(4, 4, 2),
+    ScorerShape(4, 4, 1, 3),
+    ScorerShape(8, 4, 1),
+)
 
 
 def log(message: str) -> None:
@@ -120,8 +139,8 @@ def environment() -> dict[str, Any]:
     }
 
 
-def label(config: tuple[int, int]) -> str:
-    return f"cuda_w{config[0]}m{config[1]}"
+def label(shape: ScorerShape) -> str:
+    return f"cuda_{shape.name}"
 
 
 _CPU_FALLBACK: list[str] = []
@@ -145,9 +164,9 @@ def reference_indices(scores: mx.array, nv: mx.array) -> mx.array:
 
 
 def twin(
-    q: mx.array, w: mx.array, keys: mx.array, nv: mx.array, config: tuple[int, int] = CONFIGS[0]
+    q: mx.array, w: mx.array, keys: mx.array, nv: mx.array, shape: ScorerShape = SHAPES[0]
 ) -> mx.array:
-    scores = cuda_indexer.scores(to_fp16(q), w, to_fp16(keys), nv, *config)
+    scores = cuda_indexer.scores(to_fp16(q), w, to_fp16(keys), nv, shape)
     return cuda_indexer.select(scores, nv, K)
 
 
@@ -171,14 +190,14 @@ def first_bad_rows(got: np.ndarray, want: np.ndarray) -> list[int]:
 
 
 def exact_case(
-    n_queries: int, n_rows: int, heads: int, dim: int, kind: str, config: tuple[int, int]
+    n_queries: int, n_rows: int, heads: int, dim: int, kind: str, shape: ScorerShape
 ) -> dict:
-    rng = np.random.default_rng(n_queries * 7919 + n_rows * 31 + dim + config[0] + config[1])
+    rng = np.random.default_rng(n_queries * 7919 + n_rows * 31 + dim + shape.warps + shape.m_tiles)
     inputs = integer_inputs(rng, n_queries, n_rows, heads, dim, kind)
     q, w, keys, nv = inputs.args()
     ref_scores = reference_scores(q, w, keys)
     want = np.array(reference_indices(ref_scores, nv))
-    tw_scores = cuda_indexer.scores(q, w, keys, nv, *config)
+    tw_scores = cuda_indexer.scores(q, w, keys, nv, shape)
     got = np.array(cuda_indexer.select(tw_scores, nv, K))
     visible = np.arange(n_rows)[None, :] < np.array(nv)[:, None]
     score_ok = bool(np.array_equal(np.array(tw_scores)[visible], np.array(ref_scores)[visible]))
@@ -189,7 +208,7 @@ def exact_case(
         "heads": heads,
         "dim": dim,
         "visibility": kind,
-        "config": label(config),
+        "config": label(shape),
         "indices_equal": bool(np.array_equal(got, want)),
         "scores_equal": score_ok,
         "selector_equal": bool(np.array_equal(select_only, want)),
@@ -202,15 +221,10 @@ def exact_grid(quick: bool) -> dict[str, Any]:
     for n_rows in ROW_COUNTS[:4] if quick else ROW_COUNTS:
         for n_queries in QUERY_COUNTS:
             for kind in VISIBILITIES:
-                case = exact_case(n_queries, n_rows, HEADS, DIM, kind, CONFIGS[0])
+                case = exact_case(n_queries, n_rows, HEADS, DIM, kind, SHAPES[0])
                 cases.append(case)
                 good = case["indices_equal"] and case["scores_equal"] and case["selector_equal"]
                 log(f"   S={n_rows:>6} L={n_queries:>5} {kind:<8} {'ok' if good else case}")
-    for dim in cuda_indexer.SUPPORTED_DIMS:
-        for config in CONFIGS:
-            case = exact_case(77, 1500, 8, dim, "resumed", config)
-            cases.append(case)
-            log(f"   D={dim:>3} {label(config)} {'ok' if case['indices_equal'] else case}")
     failed = [c for c in cases if not (c["indices_equal"] and c["scores_equal"])]
     return {
         "cases": len(cases),
@@ -219,6 +233,27 @@ def exact_grid(quick: bool) -> dict[str, Any]:
         "failures": failed[:20],
         "all": cases,
     }
+
+
+def exact_shapes(focus: bool) -> dict[str, Any]:
+    """Each scorer shape on every head dim (a small case) and at the model's shape; a shape
+    that raises (NVRTC, launch) is a failed shape, not a failed stage."""
+    dims = (DIM,) if focus else cuda_indexer.SUPPORTED_DIMS
+    cases = [(77, 1500, 8, dim) for dim in dims]
+    cases += [(256, 4096, HEADS, DIM), (32, 16387, HEADS, DIM)]
+    passed, failed = [], {}
+    for shape in SHAPES:
+        try:
+            for n_queries, n_rows, heads, dim in cases:
+                case = exact_case(n_queries, n_rows, heads, dim, "resumed", shape)
+                if not (case["indices_equal"] and case["scores_equal"]):
+                    raise AssertionError(f"differs from the reference: {case}")
+            passed.append(shape.name)
+            log(f"   {label(shape)} exact on {len(cases)} cases")
+        except Exception as error:  # one broken shape must not hide the others
+            failed[shape.name] = f"{type(error).__name__}: {str(error)[:2000]}"
+            log(f"!! {label(shape)}: {failed[shape.name]}")
+    return {"cases": len(cases), "passed": passed, "failed": failed}
 
 
 # -- 3. random fp16 ----------------------------------------------------------------------
@@ -273,7 +308,7 @@ def mlx_lm_select(scores: mx.array) -> mx.array:
     return mx.argpartition(scores, kth=-K, axis=-1)[..., -K:]
 
 
-def timing(n_rows: int, reps: int) -> dict[str, Any]:
+def timing(n_rows: int, reps: int, shapes: tuple[ScorerShape, ...], focus: bool) -> dict[str, Any]:
     inputs = random_inputs(np.random.default_rng(n_rows), QUERIES, n_rows, HEADS, DIM, "resumed")
     q, w, keys, nv = inputs.args()
     mx.eval(q, w, keys, nv)
@@ -287,19 +322,23 @@ def timing(n_rows: int, reps: int) -> dict[str, Any]:
             rows[name] = f"failed: {type(error).__name__}: {error}"
             log(f"!! S={n_rows} {name}: {rows[name]}")
 
-    for path, dtype in (("mlx_lm_fp32", mx.float32), ("mlx_lm_fp16", mx.float16)):
+    mlx_lm_paths = (("mlx_lm_fp32", mx.float32),) + (
+        () if focus else (("mlx_lm_fp16", mx.float16),)
+    )
+    for path, dtype in mlx_lm_paths:
         scores = mlx_lm_scores(q, w, keys, nv, dtype)
         mx.eval(scores)
         measure(f"{path}.score", lambda d=dtype: mlx_lm_scores(q, w, keys, nv, d))
         measure(f"{path}.select", lambda s=scores: mlx_lm_select(s))
         measure(f"{path}.op", lambda d=dtype: mlx_lm_select(mlx_lm_scores(q, w, keys, nv, d)))
-    ref = reference_scores(q, w, keys)
-    mx.eval(ref)
-    measure("reference.score", lambda: reference_scores(q, w, keys))
-    measure("reference.select", lambda r=ref: canonical_top_k(r, nv, K))
-    measure("reference.op", lambda: canonical_top_k(reference_scores(q, w, keys), nv, K))
-    for config in CONFIGS:
-        measure(f"{label(config)}.score", lambda c=config: cuda_indexer.scores(q, w, keys, nv, *c))
+    if not focus:
+        ref = reference_scores(q, w, keys)
+        mx.eval(ref)
+        measure("reference.score", lambda: reference_scores(q, w, keys))
+        measure("reference.select", lambda r=ref: canonical_top_k(r, nv, K))
+        measure("reference.op", lambda: canonical_top_k(reference_scores(q, w, keys), nv, K))
+    for shape in shapes:
+        measure(f"{label(shape)}.score", lambda c=shape: cuda_indexer.scores(q, w, keys, nv, c))
     tw = cuda_indexer.scores(q, w, keys, nv)
     mx.eval(tw)
     measure("cuda.select", lambda: cuda_indexer.select(tw, nv, K))
@@ -308,12 +347,12 @@ def timing(n_rows: int, reps: int) -> dict[str, Any]:
     tie_scores = cuda_indexer.scores(*ties.args())
     mx.eval(tie_scores)
     measure("cuda.select_tied", lambda: cuda_indexer.select(tie_scores, ties.n_visible, K))
-    for config in CONFIGS:
-        measure(f"{label(config)}.op", lambda c=config: twin(q, w, keys, nv, c))
+    for shape in shapes:
+        measure(f"{label(shape)}.op", lambda c=shape: twin(q, w, keys, nv, c))
     flops = 2.0 * QUERIES * HEADS * DIM * n_rows
     visible = float(np.array(nv).astype(np.float64).sum()) / (QUERIES * n_rows)
     derived: dict[str, float] = {"gflop_all_rows": flops / 1e9, "visible_fraction": visible}
-    paths = ("reference", "mlx_lm_fp32", "mlx_lm_fp16", *map(label, CONFIGS))
+    paths = ("reference", "mlx_lm_fp32", "mlx_lm_fp16", *map(label, shapes))
     for name in (f"{path}.score" for path in paths):
         if isinstance(rows.get(name), float):
             derived[f"{name}_tflops"] = round(flops / (rows[name] * 1e-3) / 1e12, 1)
@@ -349,6 +388,14 @@ def markdown(data: dict[str, Any]) -> str:
                 " to the reference (indices, ties included; visible scores bit-equal).",
                 "",
             ]
+        elif name == "exact_shapes":
+            lines += [
+                "## Scorer shapes: exactness before timing",
+                "",
+                f"Exact on all {result['cases']} cases: {', '.join(result['passed']) or 'none'}."
+                + "".join(f" {n} FAILED: {e[:300]}" for n, e in result["failed"].items()),
+                "",
+            ]
         elif name == "random":
             lines += [
                 "## Random fp16 inputs (S = 16384, resumed)",
@@ -374,7 +421,7 @@ def markdown(data: dict[str, Any]) -> str:
                 "| path | score | select | op |",
                 "|---|---:|---:|---:|",
             ]
-            for path in ("mlx_lm_fp32", "mlx_lm_fp16", "reference", *map(label, CONFIGS)):
+            for path in ("mlx_lm_fp32", "mlx_lm_fp16", "reference", *map(label, SHAPES)):
                 select = ms.get(f"{path}.select", ms.get("cuda.select") if "cuda" in path else "")
                 score, op = ms.get(f"{path}.score", ""), ms.get(f"{path}.op", "")
                 lines.append(f"| {path} | {score} | {select} | {op} |")
@@ -393,6 +440,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="smaller exactness grid")
+    parser.add_argument(
+        "--focus", action="store_true", help="scorer shapes only: exactness, S = 16384 and 32768"
+    )
     args = parser.parse_args()
     report = Report(args.out)
     log(json.dumps(report.data["environment"]))
@@ -402,10 +452,14 @@ def main() -> None:
         sys.exit(2)
     if report.stage("compile", compile_check) is None:
         log("the kernels did not compile or run; the timings below cover the MLX paths only")
-    report.stage("exact", lambda: exact_grid(args.quick))
-    report.stage("random", random_sets)
-    for n_rows in TIMED_ROWS:
-        report.stage(f"time_S{n_rows}", lambda n=n_rows: timing(n, args.reps))
+    if not args.focus:
+        report.stage("exact", lambda: exact_grid(args.quick))
+    checked = report.stage("exact_shapes", lambda: exact_shapes(args.focus)) or {}
+    shapes = tuple(s for s in SHAPES if s.name in checked.get("passed", ()))
+    if not args.focus:
+        report.stage("random", random_sets)
+    for n_rows in FOCUS_ROWS if args.focus else TIMED_ROWS:
+        report.stage(f"time_S{n_rows}", lambda n=n_rows: timing(n, args.reps, shapes, args.focus))
     log((args.out / "indexer.md").read_text())
 
 

@@ -1,13 +1,14 @@
 """The indexer's CUDA twin (mx.fast.cuda_kernel): the ds4 Metal design on NVIDIA tensor cores.
 
-Scorer: one block scores 16 * MT queries (MT = 2 by default) x 32 * WARPS compressed rows.
+Scorer: one block scores 16 * MT queries x 32 * WARPS compressed rows (a ScorerShape).
 Each warp keeps its 32 rows of K resident in registers as mma B fragments (loaded once,
 before the loop over heads: the register-blocked, K-resident idea), so a head only brings in
-its Q tile (16 * MT x D fp16), staged through shared memory with cp.async three heads deep
-(XOR-swizzled rows, so ldmatrix reads are conflict-free). Per head a warp runs
-D/16 x MT x 4 mma.sync m16n8k16 (fp16 in, fp32 accumulate), then ReLU and the head weight
-fold into an fp32 running sum in registers. Tiles no query of the block may see are
-skipped; columns a query may not see are left unwritten (the selector never reads them).
+its Q tile (16 * MT x D fp16), staged through shared memory with cp.async two or three heads
+deep (XOR-swizzled rows, so ldmatrix reads are conflict-free). Per head a warp runs
+D/16 x MT x 4 mma.sync m16n8k16 (fp16 in, fp32 accumulate), MG 16-query tiles at a time,
+then ReLU and the head weight fold into an fp32 running sum in registers. Tiles no query of
+the block may see are skipped; columns a query may not see are left unwritten (the selector
+never reads them).
 
 Selector: a radix select, one 256-thread block per query, many queries per SM. Keys are 64-bit
 (order-preserving float bits, then the inverted row index), unique per row, so "larger key" is
@@ -27,16 +28,36 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from dataclasses import dataclass
 
 import mlx.core as mx
 
-DEFAULT_M_TILES = 2
 SELECT_THREADS = 256
 SELECT_MAX_K = 2048
-# ptxas gives the scorer 168 registers a thread at D = 128: three 4-warp blocks fit an SM (12
+
+
+@dataclass(frozen=True)
+class ScorerShape:
+    """A scorer block: `warps` (rows of a block / 32), `m_tiles` (queries / 16), `group`
+    (16-query tiles whose per-head sums are live at once; m_tiles interleaves them all) and
+    `min_blocks` (> 0: __launch_bounds__ asks ptxas to fit that many blocks an SM, capping
+    its registers). They trade registers for occupancy; bench/indexer.py times them."""
+
+    warps: int = 4
+    m_tiles: int = 2
+    group: int = 2
+    min_blocks: int = 0
+
+    @property
+    def name(self) -> str:
+        bound = f"b{self.min_blocks}" if self.min_blocks else ""
+        return f"w{self.warps}m{self.m_tiles}g{self.group}{bound}"
+
+
+# ptxas gives w4m2g2 168 registers a thread at D = 128: three 4-warp blocks fit an SM (12
 # warps) where only one 8-warp block does (8); the H200 run measured 4 warps 10% faster at
 # S = 16384 and 32768, 5% slower at 4096.
-DEFAULT_WARPS = 4
+DEFAULT_SHAPE = ScorerShape()
 SUPPORTED_DIMS = (16, 32, 64, 128)
 
 HEADER = r"""
@@ -54,8 +75,9 @@ __device__ __forceinline__ void stoke_cp4(void* dst, const void* src) {
 __device__ __forceinline__ void stoke_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }
-__device__ __forceinline__ void stoke_wait_one() {
-  asm volatile("cp.async.wait_group 1;\n" ::);
+// Waits until at most N of this thread's committed cp.async groups are still in flight.
+template <int N> __device__ __forceinline__ void stoke_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 __device__ __forceinline__ void stoke_ldmatrix4(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -149,14 +171,19 @@ __device__ __forceinline__ void stoke_visit_keys(const unsigned long long* keys,
 
 SCORE_SOURCE = r"""
   // Template constants: D (head dim, 16..128, a power of two), WARPS (warps along rows),
-  // MT (16-query mma tiles per warp: the block scores 16 * MT queries).
+  // MT (16-query mma tiles per warp: the block scores 16 * MT queries), MG (tiles whose
+  // per-head sums are live at once: MT interleaves every tile's mma chains, fewer cuts the
+  // registers a head needs).
   constexpr int BQ = 16 * MT;
   constexpr int BS = WARPS * 32;
   constexpr int NT = WARPS * 32;
   constexpr int CPR = D / 8;                       // 16-byte chunks per Q row
   constexpr int SWZ = (CPR < 8 ? CPR : 8) - 1;     // XOR swizzle of chunks within a row
   constexpr int KSTEPS = D / 16;
-  constexpr int STAGES = 3;
+  // Heads in flight: three stages while they fit the 48 KB of static shared memory.
+  constexpr int STAGES = 3 * BQ * D * 2 <= 32768 ? 3 : 2;
+  constexpr int AHEAD = STAGES - 1;
+  static_assert(MT % MG == 0, "MG divides MT");
   __shared__ __align__(128) unsigned short q_tile[STAGES][BQ * D];  // fp16 bits
   __shared__ float w_tile[STAGES][BQ];
   __shared__ int max_visible;
@@ -214,49 +241,54 @@ SCORE_SOURCE = r"""
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mi][j][e] = 0.0f;
 
-  load_head(0, 0);
-  stoke_commit();
-  if (H > 1) load_head(1, 1);
-  stoke_commit();
+#pragma unroll
+  for (int p = 0; p < AHEAD; ++p) {
+    if (p < H) load_head(p, p);
+    stoke_commit();
+  }
   for (int h = 0; h < H; ++h) {
-    stoke_wait_one();          // head h has landed (h + 1 may still be in flight)
-    __syncthreads();           // ... for every thread; and stage (h + 2) % 3 is free
-    if (h + 2 < H) load_head(h + 2, (h + 2) % STAGES);
+    stoke_wait<AHEAD - 1>();   // head h has landed (later ones may still be in flight)
+    __syncthreads();           // ... for every thread; and stage (h + AHEAD) % STAGES is free
+    if (h + AHEAD < H) load_head(h + AHEAD, (h + AHEAD) % STAGES);
     stoke_commit();
     if (active) {
       const unsigned short* qt = q_tile[h % STAGES];
-      float c[MT][4][4];
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) c[mi][j][e] = 0.0f;
-#pragma unroll
-      for (int t = 0; t < KSTEPS; ++t) {
-        unsigned a[MT][4];
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-          const int r = mi * 16 + (lane & 15);
-          const int ch = t * 2 + (lane >> 4);
-          stoke_ldmatrix4(a[mi], qt + r * D + ((ch ^ (r & SWZ)) * 8));
-        }
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) stoke_mma(c[mi][j], a[mi], kb[j][t][0], kb[j][t][1]);
-      }
       const float* wt = w_tile[h % STAGES];
 #pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        const float w_lo = wt[mi * 16 + (lane >> 2)];
-        const float w_hi = wt[mi * 16 + (lane >> 2) + 8];
+      for (int g = 0; g < MT; g += MG) {
+        float c[MG][4][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          acc[mi][j][0] = fmaf(w_lo, fmaxf(c[mi][j][0], 0.0f), acc[mi][j][0]);
-          acc[mi][j][1] = fmaf(w_lo, fmaxf(c[mi][j][1], 0.0f), acc[mi][j][1]);
-          acc[mi][j][2] = fmaf(w_hi, fmaxf(c[mi][j][2], 0.0f), acc[mi][j][2]);
-          acc[mi][j][3] = fmaf(w_hi, fmaxf(c[mi][j][3], 0.0f), acc[mi][j][3]);
+        for (int gi = 0; gi < MG; ++gi)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) c[gi][j][e] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < KSTEPS; ++t) {
+          unsigned a[MG][4];
+#pragma unroll
+          for (int gi = 0; gi < MG; ++gi) {
+            const int r = (g + gi) * 16 + (lane & 15);
+            const int ch = t * 2 + (lane >> 4);
+            stoke_ldmatrix4(a[gi], qt + r * D + ((ch ^ (r & SWZ)) * 8));
+          }
+#pragma unroll
+          for (int gi = 0; gi < MG; ++gi)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) stoke_mma(c[gi][j], a[gi], kb[j][t][0], kb[j][t][1]);
+        }
+#pragma unroll
+        for (int gi = 0; gi < MG; ++gi) {
+          const int mi = g + gi;
+          const float w_lo = wt[mi * 16 + (lane >> 2)];
+          const float w_hi = wt[mi * 16 + (lane >> 2) + 8];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            acc[mi][j][0] = fmaf(w_lo, fmaxf(c[gi][j][0], 0.0f), acc[mi][j][0]);
+            acc[mi][j][1] = fmaf(w_lo, fmaxf(c[gi][j][1], 0.0f), acc[mi][j][1]);
+            acc[mi][j][2] = fmaf(w_hi, fmaxf(c[gi][j][2], 0.0f), acc[mi][j][2]);
+            acc[mi][j][3] = fmaf(w_hi, fmaxf(c[gi][j][3], 0.0f), acc[mi][j][3]);
+          }
         }
       }
     }
@@ -417,13 +449,21 @@ def _name(stem: str, source: str) -> str:
 
 
 @functools.cache
-def _score_kernel():
+def _score_kernel(threads: int, min_blocks: int):
+    # MLX writes the __global__ line itself: a bounded kernel redefines the keyword (as
+    # NVRTC's host_defines.h spells it) so the declaration after the header carries the bound.
+    header = HEADER
+    if min_blocks:
+        header += (
+            "#undef __global__\n#define __global__ __location__(global)"
+            f" __launch_bounds__({threads}, {min_blocks})\n"
+        )
     return mx.fast.cuda_kernel(
-        name=_name("score", SCORE_SOURCE),
+        name=_name(f"score_b{min_blocks}", header + SCORE_SOURCE),
         input_names=["q", "w", "k", "nv", "dims"],
         output_names=["scores"],
         source=SCORE_SOURCE,
-        header=HEADER,
+        header=header,
     )
 
 
@@ -447,17 +487,16 @@ def scores(
     weights: mx.array,
     k16: mx.array,
     n_visible: mx.array,
-    warps: int = DEFAULT_WARPS,
-    m_tiles: int = DEFAULT_M_TILES,
+    shape: ScorerShape = DEFAULT_SHAPE,
 ) -> mx.array:
-    """fp32 scores [L, S]; only columns s < n_visible[l] are defined. `warps` (rows of a
-    block / 32) and `m_tiles` (queries of a block / 16) trade registers for occupancy."""
+    """fp32 scores [L, S]; only columns s < n_visible[l] are defined."""
     n_queries, n_heads, dim = q16.shape
     n_rows = k16.shape[0]
-    block = warps * 32
+    block = shape.warps * 32
     row_tiles = -(-n_rows // block)
-    query_tiles = -(-n_queries // (16 * m_tiles))
-    return _score_kernel()(
+    query_tiles = -(-n_queries // (16 * shape.m_tiles))
+    kernel = _score_kernel(block if shape.min_blocks else 0, shape.min_blocks)
+    return kernel(
         inputs=[
             q16,
             weights.astype(mx.float32),
@@ -465,7 +504,7 @@ def scores(
             n_visible.astype(mx.int32),
             _dims(n_queries, n_heads, n_rows),
         ],
-        template=[("D", dim), ("WARPS", warps), ("MT", m_tiles)],
+        template=[("D", dim), ("WARPS", shape.warps), ("MT", shape.m_tiles), ("MG", shape.group)],
         grid=(block * row_tiles, query_tiles, 1),
         threadgroup=(block, 1, 1),
         output_shapes=[(n_queries, n_rows)],
