@@ -54,10 +54,10 @@ class ScorerShape:
         return f"w{self.warps}m{self.m_tiles}g{self.group}{bound}"
 
 
-# ptxas gives w4m2g2 168 registers a thread at D = 128: three 4-warp blocks fit an SM (12
-# warps) where only one 8-warp block does (8); the H200 run measured 4 warps 10% faster at
-# S = 16384 and 32768, 5% slower at 4096.
-DEFAULT_SHAPE = ScorerShape()
+# The fastest shape that was exact on the H200: 64-query blocks of 4 warps, two 16-query
+# tiles' sums live at once (w4m4g2: scorer 2.19 ms at S = 16384, 251 TFLOP/s; w4m2g2 2.58,
+# w8m2g2 2.67; bench/results/indexer-h200.md).
+DEFAULT_SHAPE = ScorerShape(m_tiles=4)
 SUPPORTED_DIMS = (16, 32, 64, 128)
 
 HEADER = r"""
