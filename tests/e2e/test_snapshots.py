@@ -196,3 +196,27 @@ def test_prewarm_while_typing_then_edit_then_send(store: ConversationStore, mode
     assert result.stats.prefilled_tokens == len(prompt) - common  # only the diverged tail
     assert baseline.stats.prefilled_tokens > result.stats.prefilled_tokens + 20
     assert result.token_ids == baseline.token_ids and result.text == baseline.text
+
+
+@needs_mlx
+def test_mlx_snapshot_that_is_no_prompt_cache_is_prefilled_instead(model_path):
+    """Bytes that pass the store's checks but are not a prompt cache of this model (written
+    by a bug, or another build) are never loaded: MLX checks what it reads."""
+    from app.engine.kvstore import KVStore
+    from app.engine.mlx.backend import SNAPSHOT_FOLDER, MlxEngine
+    from app.engine.mlx.models import load_tokenizer
+    from app.engine.model_file import fingerprint
+
+    key = fingerprint(model_path)
+    tokens = load_tokenizer(model_path).tokenize(STORY[:400])
+    store = KVStore(key, "mlx", directory=paths.kv_dir(key) / SNAPSHOT_FOLDER)
+    store.put("talk", tokens, b"not a prompt cache")
+    store.close()
+    engine = MlxEngine()
+    engine.load(LoadOptions(model_path, n_ctx=1024))
+    try:
+        stats = engine.prefill(tokens, slot="talk")
+    finally:
+        engine.unload()
+    assert stats.restored_tokens == 0 and stats.prefilled_tokens == len(tokens) > 32
+    assert stats.finish_reason == FinishReason.PREFILLED
