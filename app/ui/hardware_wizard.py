@@ -1308,6 +1308,7 @@ class HardwareWizard(QDialog):
             button.setCursor(Qt.CursorShape.PointingHandCursor)
             button.clicked.connect(lambda _=False, choice=a: self.use_alternative(choice))
             self.alternatives_box.addWidget(button)
+            button.show()  # at once: a layout only queues the show of a widget added late
             self.alternative_buttons.append(button)
         if not p.fits and not any(a.fits for a in alts):
             self.alternatives_note.setText(
