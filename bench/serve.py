@@ -66,6 +66,7 @@ TOPICS = (
 )
 STARTUP_S = 300
 SERVERS = ("stoke", "anchor")
+LOGS = {"stoke": "stoke-serve.log", "anchor": "anchor.log"}
 
 
 def document(topic: str, facts: int, tag: str) -> str:
@@ -119,7 +120,7 @@ def stoke_server(model: str, n_ctx: int, home: Path) -> Iterator[str]:
     env = {**os.environ, "STOKE_HOME": str(home / "stoke"), "STOKE_API_KEY": API_KEY}
     command = [sys.executable, "-m", "app", "serve", "--model", model, "--ctx", str(n_ctx)]
     command += ["--port", str(port)]
-    log = home / "stoke-serve.log"
+    log = home / LOGS["stoke"]
     with _process(command, log, env) as process:
         url = f"http://127.0.0.1:{port}/v1"
         _wait_ready(url, process, log)
@@ -135,7 +136,7 @@ def anchor_server(model: str, n_ctx: int, home: Path) -> Iterator[str]:
     command += ["--n_ctx", str(n_ctx), "--n_batch", "512", "--cache", "True"]
     command += ["--n_threads", threads, "--n_threads_batch", threads, "--verbose", "False"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--api_key", API_KEY]
-    log = home / "anchor.log"
+    log = home / LOGS["anchor"]
     with _process(command, log, dict(os.environ)) as process:
         url = f"http://127.0.0.1:{port}/v1"
         _wait_ready(url, process, log)
@@ -221,11 +222,14 @@ def summarise(runs: list[dict[str, list]], n: int) -> dict[str, Any]:
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    import openai
+
     from app.models.default import default_model_path
 
     model = args.model or str(default_model_path())
     servers = [s for s in SERVERS if s != "anchor" or not args.no_anchor]
     runs: dict[str, dict[int, list]] = {s: {n: [] for n in args.conversations} for s in servers}
+    failures: dict[str, str] = {}  # a server that broke off: why, and its log's last lines
     with (
         tempfile.TemporaryDirectory(prefix="stoke-bench-serve-") as tmp,
         contextlib.ExitStack() as stack,
@@ -243,13 +247,20 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                     for i in range(n)
                 ]
                 order = servers if rep % 2 == 0 else servers[::-1]  # who goes first alternates
-                for server in order:
+                for server in (s for s in order if s not in failures):
                     print(f"rep {rep + 1}: {server}, {n} conversation(s)", file=sys.stderr)
-                    runs[server][n].append(
-                        replay(urls[server], documents, args.turns, args.max_tokens)
-                    )
+                    try:
+                        runs[server][n].append(
+                            replay(urls[server], documents, args.turns, args.max_tokens)
+                        )
+                    except openai.OpenAIError as exc:
+                        log = home / LOGS[server]
+                        tail = log.read_text("utf-8", "replace")[-1500:] if log.exists() else ""
+                        failures[server] = f"{type(exc).__name__}: {exc}\n{tail}"
+                        print(f"{server} failed: {failures[server]}", file=sys.stderr)
     results = {
-        server: {str(n): summarise(r, n) for n, r in by_n.items()} for server, by_n in runs.items()
+        server: {str(n): summarise(r, n) for n, r in by_n.items() if r}
+        for server, by_n in runs.items()
     }
     return {
         "benchmark": "serve",
@@ -265,6 +276,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "conversations": args.conversations,
         },
         "results": results,
+        "failures": failures,
         "targets": targets(results),
     }
 
@@ -313,6 +325,8 @@ def render(report: dict[str, Any]) -> str:
     )
     for name, value in report["targets"].items():
         lines.append(f"target {name}: {value}")
+    for server, why in report["failures"].items():
+        lines.append(f"{server} broke off: {why.splitlines()[0]}")
     return "\n".join(lines)
 
 
