@@ -167,6 +167,7 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     return out
 
 
+@pytest.mark.timeout(900)  # eight clients' last requests finish after the deadline
 def test_eight_clients_at_once_lose_and_mix_nothing(served: ServerThread) -> None:
     seconds = float(os.environ.get("STOKE_LOAD_SECONDS", "6"))
     vocab = load_vocab(str(default_model_path()))
