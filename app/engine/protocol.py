@@ -146,6 +146,34 @@ class GenerationStats:
     finish_reason: FinishReason
     restored_tokens: int = 0  # of reused_tokens, how many came from a snapshot, not live KV
 
+    @classmethod
+    def timed(
+        cls,
+        *,
+        prompt_tokens: int,
+        reused_tokens: int,
+        prefilled_tokens: int,
+        generated_tokens: int,
+        ttft_s: float,
+        prefill_s: float,
+        decode_s: float,
+        finish_reason: FinishReason,
+        restored_tokens: int = 0,
+    ) -> GenerationStats:
+        """Stats from counts and the seconds spent, so every backend derives its rates alike."""
+        generated = generated_tokens  # the decode rate counts those after the first
+        return cls(
+            prompt_tokens=prompt_tokens,
+            reused_tokens=reused_tokens,
+            prefilled_tokens=prefilled_tokens,
+            generated_tokens=generated,
+            ttft_s=ttft_s,
+            prefill_tok_s=prefilled_tokens / prefill_s if prefill_s > 0 else 0.0,
+            decode_tok_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
+            finish_reason=finish_reason,
+            restored_tokens=restored_tokens,
+        )
+
     def as_dict(self) -> dict[str, object]:
         return {
             "prompt_tokens": self.prompt_tokens,

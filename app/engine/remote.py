@@ -345,14 +345,14 @@ class RemoteEngine:
         cached = min(reply.cached_tokens or 0, prompt)
         generated = reply.generated_tokens or (reply.pieces if chat else len(reply.tokens))
         decode_s = end - (first_at or end)
-        yield GenerationStats(
+        yield GenerationStats.timed(
             prompt_tokens=prompt,
             reused_tokens=cached,
             prefilled_tokens=prompt - cached,
             generated_tokens=generated,
             ttft_s=ttft,
-            prefill_tok_s=(prompt - cached) / ttft if ttft > 0 else 0.0,
-            decode_tok_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
+            prefill_s=ttft,
+            decode_s=decode_s,
             finish_reason=reply.finish,
         )
 

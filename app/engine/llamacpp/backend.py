@@ -493,14 +493,14 @@ class LlamaCppEngine:
         reused, restored, prefilled = self._sync(seq, tokens, cancel)
         elapsed = time.perf_counter() - start
         done = len(seq.tokens) == len(tokens)
-        return GenerationStats(
+        return GenerationStats.timed(
             prompt_tokens=len(tokens),
             reused_tokens=reused,
             prefilled_tokens=prefilled,
             generated_tokens=0,
             ttft_s=elapsed,
-            prefill_tok_s=prefilled / elapsed if elapsed > 0 else 0.0,
-            decode_tok_s=0.0,
+            prefill_s=elapsed,
+            decode_s=0.0,
             finish_reason=FinishReason.PREFILLED if done else FinishReason.CANCELLED,
             restored_tokens=restored,
         )
@@ -551,14 +551,14 @@ class LlamaCppEngine:
         end = last_at or time.perf_counter()
         ttft = (first_at or end) - start
         decode_s = end - (first_at or end)
-        yield GenerationStats(
+        yield GenerationStats.timed(
             prompt_tokens=len(tokens),
             reused_tokens=reused,
             prefilled_tokens=prefilled,
             generated_tokens=generated,
             ttft_s=ttft,
-            prefill_tok_s=prefilled / prefill_s if prefill_s > 0 else 0.0,
-            decode_tok_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
             finish_reason=reason,
             restored_tokens=restored,
         )
