@@ -85,9 +85,7 @@ def budget(hardware: Hardware) -> Budget:
         return Budget(gpu, max(total - gpu, 0))
     if not hardware.gpu_offload:  # llama.cpp built for the CPU cannot use the GPUs
         return Budget(0, total)
-    gpu = sum(
-        max(g.memory_total - DeviceBudget(g.name, g.memory_total).reserve, 0) for g in hardware.gpus
-    )
+    gpu = sum(max(g.memory_total - DeviceBudget.of(g).reserve, 0) for g in hardware.gpus)
     return Budget(gpu, total)
 
 
@@ -109,7 +107,10 @@ _LAYOUT_VERSION = 1  # bump when synthetic_gguf's full-size layout changes
 def assess(entry: CatalogEntry, hardware: Hardware) -> Fit:
     """The verdict for `entry`: the planner's where it knows the layout, else the size rule."""
     if entry.format == "gguf" and entry.family == "DeepSeek V4 Flash":
-        return _planned(entry, hardware)
+        try:
+            return _planned(entry, hardware)
+        except OSError:  # the layout's scratch file could not be written: judge by size
+            pass
     fit = _size_verdict(entry, hardware)
     return Fit(fit, _speed_from_size(entry, hardware, fit), "size")
 

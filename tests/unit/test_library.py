@@ -369,3 +369,15 @@ def test_cli_import_list_info_delete(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert source.exists()  # the link went, the file stayed
     code, _, err = run_cli("info", "cli", capsys=capsys)
     assert code == 1 and err.startswith("stoke: No model 'cli' in the library.")
+
+
+def test_flagship_verdict_falls_back_to_size_when_the_layout_cannot_be_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def full_disk() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(catalog, "flash_layout", full_disk)
+    q2 = {e.id: e for e in catalog.load_catalog()}["deepseek-v4-flash-q2"]
+    fit = catalog.assess(q2, machine(gpus=4, gpu_gib=12, ram_gib=128))
+    assert (fit.basis, fit.verdict) == ("size", catalog.FITS_EXPERT_OFFLOAD)
