@@ -424,13 +424,6 @@ def write(res: dict[str, Any], out: Path) -> None:
 # -- main -------------------------------------------------------------------------------------
 
 
-def _predicted(p) -> dict[str, dict[str, int]]:
-    return {
-        d.name: {"weights": d.weights, "kv": d.kv, "compute": d.compute, "total": d.total}
-        for d in p.devices
-    }
-
-
 def stage_stoke(args, res, info, p, static, gpus, log, base) -> None:
     """Load `p` (the plan refined by dry runs), run it and compare it with what the load
     allocated; `static` (the calibrated envelope alone) is recorded beside it."""
@@ -438,7 +431,10 @@ def stage_stoke(args, res, info, p, static, gpus, log, base) -> None:
     from app.hardware.memory import measure_dry_run
     from app.hardware.planner import load_options, plan_to_dict
 
-    predicted = _predicted(p)
+    predicted = {
+        d.name: {"weights": d.weights, "kv": d.kv, "compute": d.compute, "total": d.total}
+        for d in p.devices
+    }
     stoke: dict[str, Any] = {
         "plan": plan_to_dict(p),
         "predicted": predicted,
@@ -649,8 +645,7 @@ def main() -> int:
         write(res, args.out)
         print("regex probe", probe["rc"], probe["stdout"], probe["stderr_tail"][-300:], flush=True)
     if "stoke" in stages:
-        static = p
-        p = refine(info, budgets, dry_run_compute, **asked)
+        static, p = p, refine(info, budgets, dry_run_compute, **asked)
         stage_stoke(args, res, info, p, static, gpus, log, base)
     if "fit" in stages:
         stage_fit(args, res, info, p, gpus, log, base)
