@@ -59,12 +59,13 @@ _LLAMACPP_PROBE = """
 import json
 from dataclasses import asdict
 import llama_cpp
-from app.engine.llamacpp import ggml
+from app.engine.llamacpp import cpu_buffers, ggml
 print(json.dumps({
     "ok": True,
     "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
     "gpu_offload": ggml.gpu_offload_supported(),
     "devices": [asdict(d) for d in ggml.list_devices()],
+    "buffer_types": cpu_buffers.machine_verdict().as_dict(),
 }))
 """
 
@@ -189,6 +190,7 @@ def engine_choice() -> dict[str, Any]:
     """Which engine the app runs its model with here, and why."""
     from app.engine.choice import CHOICES, LOCAL_ENGINES, choose_engine
     from app.engine.protocol import LoadOptions
+    from app.engine.safe_mode import SafeModeRecords
     from app.models import load_settings
     from app.settings import Settings
 
@@ -207,16 +209,18 @@ def engine_choice() -> dict[str, Any]:
     )
     choice = choose_engine(LoadOptions(model, engine=asked))
     reason = f"chosen in {where}" if choice.reason == "chosen by the user" else choice.reason
-    return {"model_path": model, "engine": choice.engine, "reason": reason}
+    safe = SafeModeRecords().lookup(choice.engine, model)
+    return {"model_path": model, "engine": choice.engine, "reason": reason, "safe_mode": safe}
 
 
 def llamacpp_info(timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
     """llama.cpp's build features and devices, asked in a subprocess.
 
     A wheel built for another CPU dies of an illegal instruction on import, and asking a CUDA
-    device for its memory creates a context: neither should happen to the caller.
+    device for its memory creates a context: neither should happen to the caller. The CPU
+    buffer-type verdict may run its probe (once per machine), hence the longer wait.
     """
-    return _run_probe(_LLAMACPP_PROBE, [], timeout)
+    return _run_probe(_LLAMACPP_PROBE, [], timeout * 4)
 
 
 def _default_model() -> dict[str, Any]:
@@ -336,6 +340,10 @@ def _llama_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("devices" if i == 0 else "", device))
     if not info["devices"]:
         rows.append(("devices", "none found"))
+    verdict = info.get("buffer_types")
+    if verdict:
+        source = "probed now" if verdict["source"] == "probe" else verdict["source"]
+        rows.append(("CPU buffer types", f"{verdict['policy']}: {verdict['reason']} ({source})"))
     return rows
 
 
@@ -371,7 +379,11 @@ def _choice_rows(choice: dict[str, Any]) -> list[tuple[str, str]]:
     if "error" in choice:
         return _error_rows(choice)
     rows = [("model", choice["model_path"])] if "model_path" in choice else []
-    return [*rows, ("engine", f"{choice['engine']}: {choice['reason']}")]
+    rows.append(("engine", f"{choice['engine']}: {choice['reason']}"))
+    if choice.get("safe_mode"):
+        safe = choice["safe_mode"]
+        rows.append(("safe mode", f"{safe['changes']}: it crashed here ({safe['recorded_at']})"))
+    return rows
 
 
 def _remote_line(check: dict[str, Any]) -> str:

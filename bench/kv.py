@@ -317,14 +317,15 @@ class Anchor:
     """
 
     def __init__(self, model: str, template: str | None) -> None:
-        import llama_cpp
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        from app.engine.llamacpp import cpu_buffers
 
         handler = None
         if template is not None:
             formatter = Jinja2ChatFormatter(template, "<|im_end|>", "<|im_start|>")
             handler = formatter.to_chat_handler()
-        self.llm = llama_cpp.Llama(
+        self.llm = cpu_buffers.llama(  # llama_cpp.Llama with this machine's safe buffer types
             model,
             n_ctx=8192,
             n_batch=512,

@@ -129,10 +129,11 @@ def stoke_server(model: str, n_ctx: int, home: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def anchor_server(model: str, n_ctx: int, home: Path) -> Iterator[str]:
-    """llama_cpp.server with its RAM prompt cache, threads as Stoke's engine uses."""
+    """llama_cpp.server with its RAM prompt cache, threads and CPU buffer types as Stoke's
+    engine uses."""
     port = _free_port()
     threads = str(os.cpu_count() or 1)
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", model]
+    command = [sys.executable, "-m", "app.engine.llamacpp.peer_server", "--model", model]
     command += ["--n_ctx", str(n_ctx), "--n_batch", "512", "--cache", "True"]
     command += ["--n_threads", threads, "--n_threads_batch", threads, "--verbose", "False"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--api_key", API_KEY]

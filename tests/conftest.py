@@ -1,14 +1,45 @@
-"""Shared fixtures: every test gets its own STOKE_HOME, so nothing touches the user's data."""
+"""Shared fixtures: every test gets its own STOKE_HOME, so nothing touches the user's data.
+
+Each home starts with this machine's CPU buffer-type verdict (engine/llamacpp/cpu_buffers.py),
+probed once per test run, so every engine a test starts loads with the same safe buffer types
+as the app would, without probing again in each fresh home. Tests of the probe itself remove it.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 
+VERDICT_FILE = "cpu-buffers.json"
+
+
+@pytest.fixture(scope="session")
+def cpu_buffer_verdict(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The probed verdict file, made once in a home of its own."""
+    from app.engine.llamacpp import cpu_buffers
+
+    home = tmp_path_factory.mktemp("verdict-home")
+    previous = os.environ.get("STOKE_HOME")
+    os.environ["STOKE_HOME"] = str(home)
+    try:
+        cpu_buffers.machine_verdict(cache=home / "cache" / VERDICT_FILE)
+    finally:
+        if previous is None:
+            os.environ.pop("STOKE_HOME", None)
+        else:
+            os.environ["STOKE_HOME"] = previous
+    return home / "cache" / VERDICT_FILE
+
 
 @pytest.fixture(autouse=True)
-def stoke_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def stoke_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_buffer_verdict: Path) -> Path:
     home = tmp_path / "stoke-home"
     monkeypatch.setenv("STOKE_HOME", str(home))
+    if cpu_buffer_verdict.exists():
+        cache = home / "cache"
+        cache.mkdir(parents=True, mode=0o700)
+        shutil.copy2(cpu_buffer_verdict, cache / VERDICT_FILE)
     return home

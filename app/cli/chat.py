@@ -148,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace, store: ConversationStore) -> int:
     client = EngineClient(load_options(args), log_path=paths.cache_dir() / "engine.log")
+    if not args.json:  # --json carries them in its output instead
+        client.add_notice_listener(_warn)
     session = ChatSession(store, client)
     conversation = _pick_conversation(args, store)
     try:
@@ -161,7 +163,7 @@ async def _run(args: argparse.Namespace, store: ConversationStore) -> int:
                 drop_oldest=args.drop_oldest,
                 on_token=None if args.json else _echo,
             )
-            _print_result(args, result)
+            _print_result(args, result, client.notices)
             return 0 if result.status == "complete" else 1
         return await _interactive(session, conversation, args)
     finally:
@@ -336,9 +338,12 @@ def _print_stats(result: TurnResult) -> None:
     )
 
 
-def _print_result(args: argparse.Namespace, result: TurnResult) -> None:
+def _print_result(args: argparse.Namespace, result: TurnResult, notices: list[str]) -> None:
     if args.json:
-        print(json.dumps(result.as_dict(), ensure_ascii=False))
+        output = result.as_dict()
+        if notices:
+            output["notices"] = notices
+        print(json.dumps(output, ensure_ascii=False))
     else:
         print()
         _print_stats(result)

@@ -5,6 +5,12 @@ it, so the runtime lives in a child. The client never blocks the event loop: a r
 turns the child's messages into asyncio futures and queues. Work is ordered by priority and a
 user's send preempts a background prefill. A dead child is noticed (the pipe closes), every
 request in flight fails with EngineCrashedError, and the child is restarted with the same model.
+
+One crash is different: a child killed by a signal in the first decode after a load (llama.cpp's
+AMX matmul on some Intel CPUs does that). The host then restarts it once with conservative
+settings (engine/safe_mode.py), records that for this model and machine so later starts load it
+that way at once, tells its notice listeners in one line, and sends the decode that was in
+flight again, so the turn completes. A second crash is reported as any other.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from app.engine import safe_mode
 from app.engine.choice import choose_engine
 from app.engine.protocol import (
     EngineError,
@@ -41,6 +48,8 @@ __all__ = ["EngineClient", "EngineCrashedError", "EngineState", "Generation", "P
 
 
 StateListener = Callable[[EngineState, str], None]
+NoticeListener = Callable[[str], None]
+_DECODES = ("generate", "prefill")
 SHUTDOWN_S = 60.0  # a clean exit writes snapshots of resident conversations first
 
 
@@ -84,6 +93,15 @@ class Generation:
 class _Pending:
     future: asyncio.Future | None = None
     generation: Generation | None = None
+    message: tuple = ()  # as sent, so a decode can be sent again after a safe-mode restart
+
+    def untouched_decode(self) -> bool:
+        """A generate or prefill that has not yielded anything yet: safe to send again."""
+        if len(self.message) < 4 or self.message[3] not in _DECODES:
+            return False
+        return self.generation is None or (
+            not self.generation.tokens and self.generation.queue.empty()
+        )
 
 
 class EngineClient:
@@ -118,6 +136,12 @@ class EngineClient:
         self._closing = False
         self._tokenizer: tuple[tuple[str, str, str | None], Tokenizer] | None = None
         self._reader: threading.Thread | None = None
+        self.notices: list[str] = []  # one line each: what the host changed and why
+        self._notice_listeners: list[NoticeListener] = []
+        self._safe_records = safe_mode.SafeModeRecords()
+        self._safe = False  # conservative settings for this model (a crash, or its record)
+        self._first_decode = True  # no decode has finished since the child loaded
+        self._resend: list[tuple] = []  # decodes to send again once the child is ready
 
     @property
     def backend(self) -> str:
@@ -128,6 +152,21 @@ class EngineClient:
     def add_state_listener(self, listener: StateListener) -> None:
         """Called on the event loop with (state, detail) whenever the engine's state changes."""
         self._listeners.append(listener)
+
+    def add_notice_listener(self, listener: NoticeListener) -> None:
+        """Called on the event loop with one line whenever the host changes a setting itself."""
+        self._notice_listeners.append(listener)
+
+    @property
+    def launch_options(self) -> LoadOptions:
+        """What the child loads: the options, made conservative after a first-decode crash
+        of this model on this machine (now or recorded earlier)."""
+        return safe_mode.conservative(self.options) if self._safe else self.options
+
+    def _notice(self, text: str) -> None:
+        self.notices.append(text)
+        for listener in self._notice_listeners:
+            listener(text)
 
     def local_tokenizer(self) -> Tokenizer:
         """The model's tokenizer in this process (vocab only, no weights), for building
@@ -154,6 +193,16 @@ class EngineClient:
         return await self._ready
 
     def _spawn(self) -> None:
+        if not self._safe and self.backend != "remote":
+            record = self._safe_records.lookup(self.backend, self.options.model_path)
+            if record is not None:
+                self._safe = True
+                self._notice(
+                    f"Loading {Path(self.options.model_path).name} with conservative settings "
+                    f"({safe_mode.CHANGES}): it crashed on this machine before "
+                    f"({record.get('recorded_at', 'earlier')})."
+                )
+        self._first_decode = True
         ours, theirs = socket.socketpair()
         with theirs, self._log_path.open("ab") as log:
             process = subprocess.Popen(
@@ -175,7 +224,7 @@ class EngineClient:
     async def _load(self) -> None:
         ready = self._ready
         try:
-            info = await self._call("load", (self.options,), priority=Priority.USER)
+            info = await self._call("load", (self.launch_options,), priority=Priority.USER)
         except EngineCrashedError:
             return  # _on_child_died has handled it
         except EngineError as exc:
@@ -186,6 +235,9 @@ class EngineClient:
             return
         self.info = info
         self._set_state(EngineState.READY, "")
+        resend, self._resend = self._resend, []
+        for message in resend:
+            self._send(message)
         if ready is not None and not ready.done():
             ready.set_result(info)
 
@@ -261,17 +313,16 @@ class EngineClient:
         await self.ready()
         req_id = next(self._ids)
         generation = Generation(self, req_id)
-        self._pending[req_id] = _Pending(generation=generation)
-        self._send(
-            (
-                "call",
-                req_id,
-                int(priority),
-                "generate",
-                (list(tokens), sampling, max_tokens),
-                {"slot": slot},
-            )
+        message = (
+            "call",
+            req_id,
+            int(priority),
+            "generate",
+            (list(tokens), sampling, max_tokens),
+            {"slot": slot},
         )
+        self._pending[req_id] = _Pending(generation=generation, message=message)
+        self._send(message)
         return generation
 
     async def _call(
@@ -279,8 +330,9 @@ class EngineClient:
     ) -> Any:
         future = self._loop.create_future()
         req_id = next(self._ids)
-        self._pending[req_id] = _Pending(future=future)
-        self._send(("call", req_id, int(priority), method, args, kwargs or {}))
+        message = ("call", req_id, int(priority), method, args, kwargs or {})
+        self._pending[req_id] = _Pending(future=future, message=message)
+        self._send(message)
         try:
             return await future
         except asyncio.CancelledError:
@@ -337,10 +389,13 @@ class EngineClient:
         if pending is None:
             return
         if kind == "event":
+            self._first_decode = False
             pending.generation.queue.put_nowait(message[2])
             return
         del self._pending[req_id]
         if kind == "done":
+            if pending.message[3] in _DECODES:
+                self._first_decode = False
             result = message[2]
             if pending.generation is not None:
                 pending.generation.queue.put_nowait(result)
@@ -363,6 +418,8 @@ class EngineClient:
         if self._closing:
             return
         reason = _describe_exit(exitcode)
+        if self._retry_safely(exitcode, reason):
+            return
         crash = EngineCrashedError(f"The engine stopped unexpectedly ({reason}). Restarting it.")
         for pending in self._pending.values():
             if pending.generation is not None:
@@ -390,6 +447,45 @@ class EngineClient:
         if self._ready is None or self._ready.done():
             self._ready = self._loop.create_future()
         self._spawn()
+
+    def _retry_safely(self, exitcode: int | None, reason: str) -> bool:
+        """After a first-decode death by a signal: restart once with conservative settings,
+        keep the decodes in flight to send again, fail the rest. False: not that case."""
+        decoding = [p for p in self._pending.values() if p.untouched_decode()]
+        if (
+            exitcode is None
+            or exitcode >= 0
+            or not self._first_decode
+            or not decoding
+            or self._safe
+            or safe_mode.is_conservative(self.options)
+            or self.state == EngineState.FAILED
+        ):
+            return False
+        self._safe = True
+        self._safe_records.record(self.backend, self.options.model_path, reason)
+        crash = EngineCrashedError(f"The engine stopped unexpectedly ({reason}). Restarting it.")
+        for req_id, pending in list(self._pending.items()):
+            if pending in decoding:
+                continue
+            del self._pending[req_id]
+            if pending.generation is not None:
+                pending.generation.queue.put_nowait(crash)
+            elif not pending.future.done():
+                pending.future.set_exception(crash)
+        self._resend = [p.message for p in decoding]
+        notice = (
+            f"The engine crashed in its first decode ({reason}); Stoke restarted it with "
+            f"conservative settings ({safe_mode.CHANGES}) and will keep them for this model "
+            "on this machine."
+        )
+        self._notice(notice)
+        self._restarts.append(time.monotonic())
+        self._set_state(EngineState.CRASHED, notice)
+        if self._ready is None or self._ready.done():
+            self._ready = self._loop.create_future()
+        self._spawn()
+        return True
 
     def _set_state(self, state: EngineState, detail: str) -> None:
         self.state = state

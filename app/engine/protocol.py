@@ -78,6 +78,9 @@ class LoadOptions:
     kv_type: str = "f16"
     swa_full: bool | None = None
     kv_offload: bool = True
+    # llama.cpp's extra CPU buffer types (weights repacked for faster matmuls): "auto" (this
+    # machine's probed verdict, engine/llamacpp/cpu_buffers.py), "all", "no-amx" or "none".
+    cpu_buffers: str = "auto"
     snapshots: bool = True  # keep KV snapshots in RAM and on disk (kvstore)
     kv_ram_budget: int = 2 << 30
     kv_disk_budget: int = 20 << 30
@@ -97,6 +100,19 @@ class SamplingParams:
     min_p: float = 0.05
     top_k: int = 0
     seed: int | None = None
+    # Penalties over the last `penalty_last_n` tokens (prompt and reply), as llama-server
+    # applies them: OpenAI's additive presence/frequency (0 = off), llama.cpp's multiplicative
+    # repeat penalty (1 = off).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    penalty_last_n: int = 64
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on (the engines skip the work otherwise)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repeat_penalty != 1.0)
 
     @classmethod
     def greedy(cls) -> SamplingParams:

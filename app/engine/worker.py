@@ -3,11 +3,16 @@
 Started by the engine host as `python -m app.engine FD BACKEND`. A reader thread takes
 requests and cancels off the connection while the main thread runs one job at a time, so a
 cancel or a more urgent request lands between two tokens of the running one.
+
+`STOKE_TEST_CRASH_FIRST_DECODE=1` (tests only) makes the process die by SIGSEGV at the first
+decode after a load unless the load was conservative, as llama.cpp's AMX matmul does on the
+machines it fails on, so the host's safe-mode restart can be tested on any CPU.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -24,6 +29,7 @@ from app.engine.protocol import (
     LoadOptions,
     ModelInfo,
 )
+from app.engine.safe_mode import is_conservative
 from app.engine.transcript import Tokenizer
 
 
@@ -111,6 +117,7 @@ class _Child:
         self.jobs: dict[int, _Job] = {}
         self.running: _Job | None = None
         self.closing = False
+        self.crash_first_decode = False  # the test hook above, armed by each load
 
     def send(self, *message: Any) -> None:
         with self.send_lock:
@@ -172,6 +179,11 @@ class _Child:
                 if self.engine is None:
                     self.engine = make_engine(self.backend)
                 result = self.engine.load(*args)
+                self.crash_first_decode = os.environ.get(
+                    "STOKE_TEST_CRASH_FIRST_DECODE"
+                ) == "1" and not is_conservative(args[0])
+            elif method in ("generate", "prefill") and self.crash_first_decode:
+                os.kill(os.getpid(), signal.SIGSEGV)
             elif method == "generate":
                 self.send("state", EngineState.GENERATING)
                 result = None

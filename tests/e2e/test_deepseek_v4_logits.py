@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import llama_cpp
 import mlx.core as mx
 import numpy as np
 import pytest
 
+from app.engine.llamacpp import cpu_buffers
 from app.engine.mlx.gguf_deepseek_v4 import build
 from app.hardware.synthetic_gguf import write_deepseek4
 
@@ -36,7 +36,7 @@ def tokens() -> list[int]:
 
 
 def llamacpp_logits(path: Path, tokens: list[int]) -> np.ndarray:
-    llm = llama_cpp.Llama(
+    llm = cpu_buffers.llama(
         str(path),
         n_ctx=512,
         n_batch=N_TOKENS,

@@ -51,9 +51,9 @@ PROSE = (
 
 
 def _llamacpp_top1(model_path: str, tokens: list[int]) -> np.ndarray:
-    import llama_cpp
+    from app.engine.llamacpp import cpu_buffers
 
-    llm = llama_cpp.Llama(model_path, n_ctx=1024, logits_all=True, verbose=False)
+    llm = cpu_buffers.llama(model_path, n_ctx=1024, logits_all=True, verbose=False)
     llm.eval(tokens)
     return np.asarray(llm.scores[: len(tokens)]).argmax(axis=-1)
 

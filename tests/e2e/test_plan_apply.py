@@ -10,6 +10,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
+from app.engine.llamacpp import cpu_buffers
 from app.engine.llamacpp.backend import Vocab, _install_log
 from app.engine.llamacpp.overrides import apply_overrides
 from app.hardware.memory import (
@@ -57,7 +58,7 @@ def test_scaled_model_loads_with_a_plan_and_generates(tmp_path: Path) -> None:
     log = _install_log()
     kept, log.lines = log.lines, deque()
     try:
-        mparams = llama_cpp.llama_model_default_params()
+        mparams = cpu_buffers.model_params()
         mparams.n_gpu_layers = p.n_gpu_layers
         mparams.use_extra_bufts = False
         keepalive = apply_overrides(mparams, p.overrides, tensor_split=p.tensor_split or None)

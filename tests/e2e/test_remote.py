@@ -77,7 +77,7 @@ def llama_cpp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             [
                 sys.executable,
                 "-m",
-                "llama_cpp.server",
+                "app.engine.llamacpp.peer_server",  # llama_cpp.server, safe buffer types
                 "--model",
                 str(default_model_path()),
                 "--port",

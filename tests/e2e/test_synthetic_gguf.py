@@ -7,6 +7,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
+from app.engine.llamacpp import cpu_buffers
 from app.engine.llamacpp.backend import LlamaCppEngine, _install_log
 from app.engine.protocol import FinishReason, LoadOptions, SamplingParams, TokenEvent
 from app.hardware.synthetic_gguf import write_deepseek4
@@ -77,7 +78,7 @@ def test_full_file_layer_pattern(full: GGUFInfo) -> None:
 def test_llama_cpp_accepts_the_full_file(full_file: Path, full: GGUFInfo) -> None:
     """A dry run (no allocation, no reads) through llama.cpp's own deepseek4 loader."""
     _install_log()  # llama.cpp's log goes to the engine's buffer, not the terminal
-    params = llama_cpp.llama_model_default_params()
+    params = cpu_buffers.model_params()
     params.no_alloc = True
     params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
     model = llama_cpp.llama_model_load_from_file(str(full_file).encode(), params)

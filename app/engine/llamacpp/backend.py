@@ -20,6 +20,7 @@ import llama_cpp
 from gguf import GGMLQuantizationType
 
 from app.engine.kvstore import KVStore
+from app.engine.llamacpp import cpu_buffers
 from app.engine.llamacpp.overrides import apply_overrides
 from app.engine.model_file import check_gguf, fingerprint
 from app.engine.protocol import (
@@ -200,7 +201,7 @@ class LlamaCppEngine:
     def load(self, options: LoadOptions) -> ModelInfo:
         self.unload()
         path = check_gguf(options.model_path)
-        mparams = llama_cpp.llama_model_default_params()
+        mparams = cpu_buffers.model_params(options.cpu_buffers)  # this CPU's safe types
         mparams.n_gpu_layers = options.n_gpu_layers
         if options.overrides:
             mparams.use_extra_bufts = False  # host experts in a plain buffer, as planned
@@ -524,7 +525,7 @@ class LlamaCppEngine:
         prefill_s = time.perf_counter() - start
         n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        sampler = self._sampler(sampling)
+        sampler = self._sampler(sampling, tokens)
         generated = 0
         first_at = last_at = None
         reason = FinishReason.LENGTH
@@ -563,8 +564,32 @@ class LlamaCppEngine:
             restored_tokens=restored,
         )
 
-    def _sampler(self, sampling: SamplingParams) -> llama_cpp.llama_sampler_p:
+    def _sampler(
+        self, sampling: SamplingParams, prompt: Sequence[int]
+    ) -> llama_cpp.llama_sampler_p:
+        """The sampler chain: logit bias and penalties first (on every logit, greedy too),
+        then the truncations, temperature and the draw. The penalties see the prompt's last
+        tokens, as llama-server's do, and each sampled token as the chain accepts it."""
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        n_vocab = self.info.n_vocab
+        if sampling.logit_bias:
+            biases = (llama_cpp.llama_logit_bias * len(sampling.logit_bias))(
+                *(llama_cpp.llama_logit_bias(token, bias) for token, bias in sampling.logit_bias)
+            )
+            llama_cpp.llama_sampler_chain_add(
+                chain, llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), biases)
+            )
+        if sampling.penalized:
+            penalties = llama_cpp.llama_sampler_init_penalties(
+                n_vocab,
+                sampling.penalty_last_n,
+                sampling.repeat_penalty,
+                sampling.frequency_penalty,
+                sampling.presence_penalty,
+            )
+            for token in prompt[-sampling.penalty_last_n :]:
+                llama_cpp.llama_sampler_accept(penalties, token)
+            llama_cpp.llama_sampler_chain_add(chain, penalties)
         if sampling.temperature <= 0:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
             return chain

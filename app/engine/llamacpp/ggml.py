@@ -104,6 +104,30 @@ ggml_backend_dev_buffer_type = _bind(
     "ggml_backend_dev_buffer_type", [ggml_backend_dev_t], ggml_backend_buffer_type_t
 )
 
+# GGML_API ggml_backend_dev_t ggml_backend_dev_by_type(enum ggml_backend_dev_type type);
+ggml_backend_dev_by_type = _bind("ggml_backend_dev_by_type", [ctypes.c_int], ggml_backend_dev_t)
+
+# GGML_API ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device);
+ggml_backend_dev_backend_reg = _bind(
+    "ggml_backend_dev_backend_reg", [ggml_backend_dev_t], ggml_backend_reg_t
+)
+
+# GGML_API void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name);
+ggml_backend_reg_get_proc_address = _bind(
+    "ggml_backend_reg_get_proc_address", [ggml_backend_reg_t, ctypes.c_char_p], ctypes.c_void_p
+)
+
+# GGML_API const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
+ggml_backend_buft_name = _bind(
+    "ggml_backend_buft_name", [ggml_backend_buffer_type_t], ctypes.c_char_p
+)
+
+# typedef ggml_backend_buffer_type_t * (*ggml_backend_dev_get_extra_bufts_t)(ggml_backend_dev_t);
+# (a CPU backend proc address, "ggml_backend_dev_get_extra_bufts": a NULL-terminated array)
+ggml_backend_dev_get_extra_bufts_t = ctypes.CFUNCTYPE(
+    ctypes.POINTER(ggml_backend_buffer_type_t), ggml_backend_dev_t
+)
+
 # -- friendly functions ---------------------------------------------------------------------
 
 DeviceKind = Literal["cpu", "gpu", "igpu", "accel", "meta", "unknown"]
@@ -185,3 +209,31 @@ def gpu_offload_supported() -> bool:
     """Whether this llama.cpp build can offload layers to a GPU at all."""
     load_backends()
     return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def cpu_extra_buffer_types() -> ctypes.Array | None:
+    """The CPU device's extra buffer types ("AMX", "CPU_REPACK", ...): llama.cpp's own
+    NULL-terminated table, which it reads again at every model load; None if this build
+    has no such table."""
+    needed = (
+        ggml_backend_dev_by_type,
+        ggml_backend_dev_backend_reg,
+        ggml_backend_reg_get_proc_address,
+    )
+    if any(func is None for func in needed):
+        return None
+    load_backends()
+    cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)
+    if not cpu:
+        return None
+    address = ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(cpu), b"ggml_backend_dev_get_extra_bufts"
+    )
+    if not address:
+        return None
+    table = ggml_backend_dev_get_extra_bufts_t(address)(cpu)
+    return table or None
+
+
+def buffer_type_name(buft: int) -> str:
+    return _text(ggml_backend_buft_name, buft)

@@ -1,0 +1,118 @@
+"""The CPU buffer-type verdict (issue 13): probed in children that may crash, cached by machine
+and build, used by every load, shown by `stoke doctor`.
+
+The probe children are real (they load the probe model with llama.cpp and decode); where a
+test needs a crash on a CPU that has none, the probe's test hook (STOKE_TEST_PROBE_CRASH)
+makes the named policies' child die by SIGSEGV before its first decode, as AMX does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import llama_cpp
+import pytest
+
+from app.engine.llamacpp import cpu_buffers
+from app.engine.llamacpp.probe import CRASH_ENV
+from tests.conftest import VERDICT_FILE
+
+
+@pytest.fixture
+def unprobed(stoke_home: Path) -> Path:
+    """A home whose machine was never probed."""
+    (stoke_home / "cache" / VERDICT_FILE).unlink(missing_ok=True)
+    return stoke_home
+
+
+def _doctor(home: Path, **env: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "doctor", "--json"],
+        env={**os.environ, "STOKE_HOME": str(home), **env},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["llama_cpp"]["buffer_types"]
+
+
+def _chat(home: Path, **env: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "chat", "--new", "--message", "hi", "--json"],
+        env={**os.environ, "STOKE_HOME": str(home), **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_verdict_is_probed_once_then_cached(unprobed: Path):
+    first = _doctor(unprobed)
+    assert first["source"] == "probe" and first["policy"] in cpu_buffers.POLICIES
+    assert first["reason"] and first["trials"]["none"] == "ran"
+    cache = unprobed / "cache" / VERDICT_FILE
+    assert cache.stat().st_mode & 0o777 == 0o600
+    before = cache.stat()
+
+    # Any probe now would fail on every policy: a start that probed again could not keep the
+    # verdict, and would rewrite the cache. The engine starts, chats, and the verdict stands.
+    broken_probe = {CRASH_ENV: "all,no-amx,none"}
+    assert _chat(unprobed, **broken_probe)["reply"]
+    again = _doctor(unprobed, **broken_probe)
+    assert again["source"] == "cache" and again["policy"] == first["policy"]
+    after = cache.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_a_crashing_type_is_turned_off_and_the_rest_kept(unprobed, monkeypatch):
+    """As on an AMX machine: "all" crashes, "no-amx" runs and agrees, so CPU_REPACK stays.
+    The names of the types are the only fake; the probe children are real."""
+    monkeypatch.setattr(cpu_buffers, "extra_type_names", lambda: ("AMX", "CPU_REPACK"))
+    monkeypatch.setenv(CRASH_ENV, "all")
+    verdict = cpu_buffers._decide()
+    assert verdict.policy == "no-amx"
+    assert "SIGSEGV" in verdict.trials["all"] and "agreed" in verdict.trials["no-amx"]
+    assert "AMX buffer type failed" in verdict.reason and "CPU_REPACK kept" in verdict.reason
+
+    monkeypatch.setenv(CRASH_ENV, "all,no-amx")
+    verdict = cpu_buffers._decide()
+    assert verdict.policy == "none" and "plain CPU buffers" in verdict.reason
+
+
+def test_a_probe_that_cannot_run_is_not_cached(unprobed, monkeypatch):
+    monkeypatch.setenv(CRASH_ENV, "none")
+    cache = unprobed / "cache" / VERDICT_FILE
+    verdict = cpu_buffers.machine_verdict(cache=cache)
+    if not cpu_buffers.extra_type_names():
+        pytest.skip("this llama.cpp build offers no extra CPU buffer types: nothing to probe")
+    assert verdict.policy == "none" and verdict.source == "probe failed"
+    assert "could not run" in verdict.reason and not cache.exists()
+
+
+def test_policies_set_llama_cpp_params():
+    plain = cpu_buffers.model_params("none")
+    assert plain.use_extra_bufts is False
+    assert cpu_buffers.model_params("all").use_extra_bufts is True
+    with pytest.raises(ValueError):
+        cpu_buffers.model_params("fast")
+
+
+def test_llama_helper_loads_with_the_verdict(model_path):
+    """The one helper tests and benchmarks use instead of llama_cpp.Llama's raw defaults."""
+    seen = []
+    original = llama_cpp.llama_cpp.llama_model_default_params
+    llm = cpu_buffers.llama(model_path, policy="none", n_ctx=256, verbose=False)
+    try:
+        seen.append(llm.model_params.use_extra_bufts)
+        assert llm.tokenize(b"hi")
+    finally:
+        llm.close()
+    assert seen == [False]
+    assert llama_cpp.llama_cpp.llama_model_default_params is original

@@ -1,0 +1,111 @@
+"""An engine that protects itself: a first-decode crash is retried once with conservative
+settings, recorded, and the next start loads that way without crashing (issue 13).
+
+The crash is the worker's test hook (STOKE_TEST_CRASH_FIRST_DECODE): the engine process dies
+by SIGSEGV at its first decode unless it loaded conservatively, as llama.cpp's AMX matmul does
+on the machines it fails on; everything else is the real engine on the real default model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.conversations import ConversationStore
+from app.engine import safe_mode
+from app.engine.host import EngineClient, EngineCrashedError, EngineState
+from app.engine.protocol import LoadOptions
+from app.session import ChatSession
+
+CRASH = {"STOKE_TEST_CRASH_FIRST_DECODE": "1"}
+
+
+@pytest.fixture
+def crashing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in CRASH.items():
+        monkeypatch.setenv(name, value)
+
+
+async def _turn(store: ConversationStore, model_path: str, text: str):
+    client = EngineClient(LoadOptions(model_path, n_ctx=2048), backend="llama.cpp")
+    states: list[tuple[EngineState, str]] = []
+    notices: list[str] = []
+    client.add_state_listener(lambda state, detail: states.append((state, detail)))
+    client.add_notice_listener(notices.append)
+    await client.start()
+    session = ChatSession(store, client)
+    conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 12})
+    try:
+        result = await session.send(conversation.id, text)
+        return result, states, notices, client.launch_options
+    finally:
+        await client.close()
+
+
+def test_first_decode_crash_is_retried_safely_and_remembered(
+    store: ConversationStore, model_path, run, crashing
+):
+    result, states, notices, launched = run(_turn(store, model_path, "Name three colours."))
+
+    assert result.status == "complete" and result.text
+    assert [s for s, _ in states].count(EngineState.CRASHED) == 1
+    assert len(notices) == 1 and "conservative settings" in notices[0]
+    assert "SIGSEGV" in notices[0] and "\n" not in notices[0]
+    assert safe_mode.is_conservative(launched)
+    record = safe_mode.SafeModeRecords().lookup("llama.cpp", model_path)
+    assert record is not None and "SIGSEGV" in record["reason"]
+
+    # The next start reads the record: conservative from the first load, no crash at all.
+    again, states, notices, launched = run(_turn(store, model_path, "And three fruits?"))
+    assert again.status == "complete" and again.text
+    assert EngineState.CRASHED not in [s for s, _ in states]
+    assert len(notices) == 1 and "crashed on this machine before" in notices[0]
+    assert safe_mode.is_conservative(launched)
+
+
+def test_a_second_crash_is_reported_as_before(store: ConversationStore, model_path, run):
+    """Already conservative, a first-decode death is an ordinary crash: no silent loop."""
+
+    async def scenario():
+        options = safe_mode.conservative(LoadOptions(model_path, n_ctx=2048))
+        client = EngineClient(options, backend="llama.cpp")
+        notices: list[str] = []
+        client.add_notice_listener(notices.append)
+        await client.start()
+        session = ChatSession(store, client)
+        conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 400})
+        try:
+
+            def kill(_event) -> None:
+                os.kill(client.pid, signal.SIGSEGV)
+
+            with pytest.raises(EngineCrashedError) as crash:
+                await session.send(conversation.id, "Count to 100.", on_token=kill)
+            return crash.value, notices
+        finally:
+            await client.close()
+
+    crash, notices = run(scenario())
+    assert "SIGSEGV" in str(crash) and notices == []
+
+
+def test_cli_turn_completes_with_a_one_line_notice(stoke_home: Path):
+    env = {**os.environ, "STOKE_HOME": str(stoke_home), **CRASH}
+    command = [sys.executable, "-m", "app", "chat", "--new", "--message", "hi", "--json"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    output = json.loads(done.stdout.strip().splitlines()[-1])
+    assert output["status"] == "complete" and output["reply"]
+    assert len(output["notices"]) == 1 and "conservative settings" in output["notices"][0]
+    assert "Traceback" not in done.stderr
+
+    plain = subprocess.run(command[:-1], env=env, capture_output=True, text=True, timeout=600)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    notices = [line for line in plain.stderr.splitlines() if "conservative settings" in line]
+    assert len(notices) == 1 and "crashed on this machine before" in notices[0]
