@@ -1,16 +1,34 @@
-"""Every on-disk location Stoke uses, from platformdirs.
+"""Every on-disk location Stoke uses, from platformdirs, kept private to the user.
 
 `STOKE_HOME` (one folder for data, cache and config) exists for tests and portable installs.
+
+What Stoke keeps (token ids of every conversation, the database, logs, settings) is readable
+text to anyone who can open it, so its folders are created 0700 and, the first time a process
+uses a folder, everything under it that is wider is narrowed to 0700 folders and 0600 files
+(symlinks, e.g. linked models, are left alone). A folder that cannot be written raises
+`ReadOnlyError`, whose message says so in words.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 import platformdirs
 
 APP_NAME = "stoke"
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+_ROOTS = ("data", "cache", "config")
+_READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
+_secured: set[Path] = set()
+
+
+class ReadOnlyError(Exception):
+    """One of Stoke's folders cannot be written; the message names it and what to do."""
 
 
 def _root(kind: str) -> Path:
@@ -24,21 +42,124 @@ def _root(kind: str) -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
 
 
-def _ensure(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
+def read_only_message(kind: str, folder: Path) -> str:
+    """The words for a folder Stoke cannot write."""
+    return (
+        f"Stoke's {kind} folder {folder} is read-only, so nothing can be saved there. "
+        "Make it writable, or set STOKE_HOME to a writable folder; `stoke chat --list`, "
+        "`stoke models list` and `stoke doctor` still work."
+    )
+
+
+def _ensure(path: Path, kind: str) -> Path:
+    """`path` as a private folder, created if missing (parents above Stoke's roots as the
+    system makes them)."""
+    if not path.is_dir():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+        except OSError as exc:
+            if exc.errno in _READ_ONLY:
+                raise ReadOnlyError(read_only_message(kind, _existing(path))) from exc
+            raise
     return path
 
 
-def data_dir() -> Path:
-    return _ensure(_root("data"))
+def _root_dir(kind: str, create: bool) -> Path:
+    root = _root(kind)
+    if create:
+        _ensure(root, kind)
+    if root.is_dir() and root not in _secured:
+        _secured.add(root)
+        secure_tree(root)
+    return root
 
 
-def cache_dir() -> Path:
-    return _ensure(_root("cache"))
+def secure_tree(root: Path) -> None:
+    """Narrow `root` and everything under it to 0700 folders and 0600 files.
+
+    Best effort: what cannot be changed (a read-only disk, another user's file) stays as it is,
+    and the read-only check reports the disk in words.
+    """
+    _narrow(root, PRIVATE_DIR)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            _narrow(Path(dirpath, name), PRIVATE_DIR)
+        for name in filenames:
+            _narrow(Path(dirpath, name), PRIVATE_FILE)
 
 
-def config_dir() -> Path:
-    return _ensure(_root("config"))
+def _narrow(path: Path, mode: int) -> None:
+    try:
+        st = path.lstat()
+        if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & ~mode:
+            path.chmod(stat.S_IMODE(st.st_mode) & mode)
+    except OSError:
+        pass
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists: where a write would land first."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def read_only_folders() -> list[str]:
+    """A sentence for each of Stoke's folders that cannot be written (none: an empty list)."""
+    found = []
+    for kind in _ROOTS:
+        folder = _existing(_root(kind))
+        if not os.access(folder, os.W_OK | os.X_OK):
+            found.append(read_only_message(kind, folder))
+    return found
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace `path` with `text` (0600) through a temp file and a rename, so a crash or a
+    full disk never leaves half a file and the old one stays until the new one is complete."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def keep_aside(path: Path) -> Path:
+    """Move a damaged file to `NAME.damaged` (then `.damaged-2`, `-3`, ...), never over an
+    earlier copy, and return where it went. A hard link first, so two processes racing
+    cannot both take one name."""
+    for n in range(1, 10_000):
+        target = path.with_name(f"{path.name}.damaged" + (f"-{n}" if n > 1 else ""))
+        try:
+            os.link(path, target)
+        except FileExistsError:
+            continue
+        except OSError as exc:  # no hard links here (e.g. FAT): rename onto a free name
+            if exc.errno in (errno.EROFS, errno.EACCES) or target.exists():
+                raise
+            os.replace(path, target)
+            return target
+        path.unlink()
+        return target
+    raise FileExistsError(f"too many damaged copies of {path}")
+
+
+def data_dir(create: bool = True) -> Path:
+    return _root_dir("data", create)
+
+
+def cache_dir(create: bool = True) -> Path:
+    return _root_dir("cache", create)
+
+
+def config_dir(create: bool = True) -> Path:
+    return _root_dir("config", create)
 
 
 def database_path() -> Path:
@@ -48,8 +169,10 @@ def database_path() -> Path:
 
 def kv_dir(fingerprint: str) -> Path:
     """KV snapshots of one model."""
-    return _ensure(cache_dir() / "kv" / fingerprint)
+    kv = _ensure(cache_dir() / "kv", "cache")
+    return _ensure(kv / fingerprint, "cache")
 
 
-def models_dir() -> Path:
-    return _ensure(data_dir() / "models")
+def models_dir(create: bool = True) -> Path:
+    models = data_dir(create) / "models"
+    return _ensure(models, "data") if create else models

@@ -7,16 +7,16 @@ The path is stored alongside for people reading the file. The options are
 `planner.load_options(plan)` plus "engine": JSON arrays come back as tuples, as the plan holds
 them, so a saved dict loads back equal.
 
-Writes go to a temp file that replaces the old one, so a crash never leaves half a file; a
-file that cannot be read as settings is kept aside as `load_settings.json.damaged` and
-ignored, like `settings.json`.
+Writes go to a private temp file that replaces the old one, so a crash never leaves half a
+file; a file that cannot be read as settings is kept aside as `load_settings.json.damaged`
+(then `-2`, `-3`: never over an earlier copy) and ignored, like `settings.json`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,22 +54,14 @@ def _read(path: Path) -> dict[str, Any]:
         and isinstance(raw.get("models"), dict)
     ):
         return raw["models"]
-    path.replace(path.with_name(path.name + ".damaged"))
+    with contextlib.suppress(OSError):  # a read-only folder: ignored all the same
+        paths.keep_aside(path)
     return {}
 
 
 def _write(path: Path, models: dict[str, Any]) -> None:
     text = json.dumps({"version": FORMAT_VERSION, "models": models}, indent=2, sort_keys=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    paths.write_private(path, text)
 
 
 def save(model_path: str | os.PathLike[str], options: dict[str, Any]) -> None:
