@@ -9,6 +9,11 @@ never stalls a turn. Files are a cache: one that fails any check is deleted, nev
 File layout (little-endian): magic b"STKV", format version (u16), engine tag, model
 fingerprint and key (each a u16 length + utf-8), token count (u32), sha256 of the token bytes,
 sha256 of the payload, payload length (u64); then the tokens as uint32; then the payload.
+
+A replacement is written in full beside the old file and renamed over it, so a write that fails
+(a full disk, the budget) leaves the previous snapshot of the key on disk and in the index.
+Anything else found where a snapshot file belongs (a folder, a broken link) is removed like
+any other bad snapshot.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 import operator
 import os
 import queue
+import shutil
 import struct
 import threading
 import time
@@ -219,7 +225,7 @@ class KVStore:
             with self._lock:
                 if self._disk.get(match.key) is disk_entry:
                     del self._disk[match.key]
-            disk_entry.path.unlink(missing_ok=True)
+            _remove(disk_entry.path)
             return None
         with self._lock:
             stamp = self._next_stamp()
@@ -312,7 +318,7 @@ class KVStore:
         for path in self.directory.iterdir():
             if path.suffix == TMP_SUFFIX:
                 logger.info("removing unfinished snapshot write %s", path)
-                path.unlink(missing_ok=True)
+                _remove(path)
             elif path.suffix == SUFFIX:
                 try:
                     with path.open("rb") as f:
@@ -320,7 +326,7 @@ class KVStore:
                         stat = os.fstat(f.fileno())
                 except (OSError, _Rejected) as exc:
                     logger.warning("discarding snapshot file %s: %s", path, exc)
-                    path.unlink(missing_ok=True)
+                    _remove(path)
                     continue
                 self._disk[header.key] = _DiskEntry(
                     path, token_bytes, stat.st_size, stat.st_mtime_ns
@@ -381,10 +387,26 @@ class KVStore:
 
     def _delete(self, job: _Delete) -> None:
         if self._is_current(job.key, job.seq):
-            self._path(job.key).unlink(missing_ok=True)
+            _remove(self._path(job.key))
+
+    def _keep_previous(self, job: _Write) -> None:
+        """A replacement was not written: the file it was to replace, if it passes the checks,
+        is still a snapshot of the key (a shorter prefix), unless a later call superseded it."""
+        path = self._path(job.key)
+        try:
+            with path.open("rb") as f:
+                header, token_bytes = self._read_verified_head(f, path)
+                stat = os.fstat(f.fileno())
+        except (OSError, _Rejected):
+            return
+        with self._lock:
+            if header.key == job.key and self._latest.get(job.key) == job.seq:
+                self._disk[job.key] = _DiskEntry(path, token_bytes, stat.st_size, stat.st_mtime_ns)
 
     def _write(self, job: _Write) -> None:
-        """Write atomically (temp file, fsync, rename), index it, then evict to budget."""
+        """Write atomically (temp file, fsync, rename), index it, then evict to budget.
+
+        The old file is replaced only by a complete new one: any failure keeps it."""
         if not self._is_current(job.key, job.seq):
             return
         path = self._path(job.key)
@@ -402,11 +424,12 @@ class KVStore:
             logger.warning(
                 "snapshot of %s (%d bytes) exceeds the disk budget: not kept", job.key, size
             )
-            path.unlink(missing_ok=True)
+            self._keep_previous(job)
             return
         tmp = path.with_suffix(TMP_SUFFIX)
         try:
-            with tmp.open("wb") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, paths.PRIVATE_FILE)
+            with os.fdopen(fd, "wb") as f:
                 f.write(header)
                 f.write(job.token_bytes)
                 f.write(job.payload)
@@ -415,13 +438,14 @@ class KVStore:
             with self._lock:
                 stamp = self._next_stamp()
             os.utime(tmp, ns=(stamp, stamp))
+            if path.is_dir() and not path.is_symlink():
+                _remove(path)  # a folder where the file belongs: os.replace cannot go over it
             os.replace(tmp, path)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            # The old file for this key was already superseded; don't leave it unindexed.
-            path.unlink(missing_ok=True)
+            _remove(tmp)
+            self._keep_previous(job)
             if exc.errno in _DISK_FULL:
-                logger.warning("disk full: snapshot of %s skipped", job.key)
+                logger.warning("%s", self._disk_full(job.key, size))
             else:
                 logger.warning("snapshot of %s skipped: %s", job.key, exc)
             return
@@ -429,6 +453,19 @@ class KVStore:
             if self._latest.get(job.key) == job.seq:
                 self._disk[job.key] = _DiskEntry(path, job.token_bytes, size, stamp)
         self._evict_disk(keep=job.key)
+
+    def _disk_full(self, key: str, size: int) -> str:
+        """The words for a snapshot that did not fit: where, and how much to free."""
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            free = 0
+        need = max(size - free, 1 << 20)
+        return (
+            f"The disk holding {self.directory} is full: the KV snapshot of {key} "
+            f"({size / 1e6:.1f} MB) was not saved, the previous one is kept. "
+            f"Free {need / 1e6:.0f} MB there (or lower the snapshot disk budget)."
+        )
 
     def _evict_disk(self, keep: str | None) -> None:
         """Delete least recently used files until the total fits the budget, sparing `keep`."""
@@ -443,7 +480,16 @@ class KVStore:
                     total -= entry.size
                     victims.append(entry.path)
         for path in victims:
-            path.unlink(missing_ok=True)
+            _remove(path)
+
+
+def _remove(path: Path) -> None:
+    """Delete what is at `path`, file or folder: a cache keeps nothing it cannot trust."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def _pack_tokens(tokens: tuple[int, ...]) -> bytes:

@@ -335,5 +335,139 @@ def test_full_disk_skips_snapshot_and_keeps_ram(kv_dir: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"tier": "ram", "payload": 65536}
-    assert "disk full: snapshot of chat skipped" in result.stderr
+    assert f"The disk holding {kv_dir} is full" in result.stderr
     assert list(kv_dir.iterdir()) == []
+
+
+# --- a folder where a snapshot file belongs (issue 14, item 11) -------------------------------
+
+
+def _folder_in_place_of(file: Path) -> None:
+    file.unlink()
+    file.mkdir()
+    (file / "inside").write_bytes(b"x")
+
+
+def test_a_folder_where_a_snapshot_belongs_is_dropped_at_start(
+    kv_dir: Path, caplog_kv: pytest.LogCaptureFixture
+) -> None:
+    file = written(kv_dir, "chat", [1, 2, 3], b"old")
+    _folder_in_place_of(file)
+    store = open_store(kv_dir)  # raised IsADirectoryError
+    assert store.best([1, 2, 3]) is None
+    assert not file.exists()
+    assert any("discarding snapshot file" in m for m in warnings(caplog_kv))
+    store.put("chat", [1, 2, 3, 4], b"new")
+    store.close()
+    store = open_store(kv_dir)
+    assert store.load(store.best([1, 2, 3, 4])) == Snapshot("chat", (1, 2, 3, 4), b"new")
+    store.close()
+
+
+def test_a_folder_that_replaces_a_snapshot_after_start_fails_no_load(kv_dir: Path) -> None:
+    file = written(kv_dir, "chat", [1, 2, 3], b"old")
+    store = open_store(kv_dir)
+    match = store.best([1, 2, 3])
+    assert match is not None and match.tier == "disk"
+    _folder_in_place_of(file)
+    assert store.load(match) is None  # a bad snapshot: the turn prefills instead
+    assert not file.exists() and store.best([1, 2, 3]) is None
+    store.close()
+
+
+def test_a_snapshot_is_written_over_a_folder_in_its_place(kv_dir: Path) -> None:
+    store = open_store(kv_dir)
+    store.put("chat", [1], b"first")
+    store.flush()
+    (file,) = kv_files(kv_dir)
+    _folder_in_place_of(file)
+    store.put("chat", [1, 2], b"second")
+    store.close()
+    assert file.is_file()
+    store = open_store(kv_dir)
+    assert store.load(store.best([1, 2])) == Snapshot("chat", (1, 2), b"second")
+    store.close()
+
+
+# --- a replacement that does not fit keeps the previous snapshot (issue 14, item 7) -------------
+
+REPLACE_SCRIPT = textwrap.dedent(
+    """
+    import json, logging, resource, signal, sys
+    from pathlib import Path
+    from app.engine.kvstore import KVStore
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    directory = Path(sys.argv[1])
+    store = KVStore("fp", "llama.cpp", directory=directory)
+    store.put("chat", [1, 2, 3], bytes(1000))
+    store.flush()
+    if sys.argv[2] == "rlimit":
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+    store.put("chat", [1, 2, 3, 4, 5], bytes(4 << 20))  # more than the disk takes
+    store.flush()
+    on_disk = store.best([1, 2, 3, 4, 5])
+    store.close()
+    restarted = KVStore("fp", "llama.cpp", directory=directory)
+    match = restarted.best([1, 2, 3, 4, 5])
+    snapshot = restarted.load(match)
+    restarted.close()
+    print(json.dumps({"tier": on_disk.tier, "restored": list(snapshot.tokens)}))
+    """
+)
+
+
+def _tmpfs_runner(folder: Path) -> list[str]:
+    """A 1 MiB tmpfs mounted at `folder` in a private mount namespace, or a skip."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) for a private tmpfs")
+    user = [] if os.geteuid() == 0 else ["-r"]
+    mount = 'mount -t tmpfs -o size=1m tmpfs "$0" && exec "$@"'
+    probe = subprocess.run(
+        ["unshare", *user, "-m", "sh", "-c", mount, str(folder), "true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {probe.stderr.strip()}")
+    return ["unshare", *user, "-m", "sh", "-c", mount, str(folder)]
+
+
+@pytest.mark.parametrize("full", ["tmpfs", "rlimit"])
+def test_a_snapshot_that_does_not_fit_keeps_the_previous_one(kv_dir: Path, full: str) -> None:
+    kv_dir.mkdir()
+    runner = _tmpfs_runner(kv_dir) if full == "tmpfs" else []
+    result = subprocess.run(
+        [*runner, sys.executable, "-c", REPLACE_SCRIPT, str(kv_dir), full],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    # The new state stays in RAM; the disk still has the previous, valid one after a restart.
+    assert json.loads(result.stdout) == {"tier": "ram", "restored": [1, 2, 3]}
+    assert f"The disk holding {kv_dir} is full" in result.stderr, result.stderr
+    assert "the previous one is kept" in result.stderr and "Free " in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_snapshot_over_the_disk_budget_keeps_the_previous_one(kv_dir: Path) -> None:
+    store = open_store(kv_dir, disk_budget=2000)
+    store.put("chat", [1, 2], bytes(100))
+    store.flush()
+    store.put("chat", [1, 2, 3], bytes(5000))
+    store.flush()
+    assert store.best([1, 2, 3]) == Match("chat", "ram", 3, 3)
+    store.close()
+    store = open_store(kv_dir, disk_budget=2000)
+    assert store.load(store.best([1, 2, 3])) == Snapshot("chat", (1, 2), bytes(100))
+    store.close()
+
+
+def test_snapshot_files_are_private(kv_dir: Path) -> None:
+    file = written(kv_dir, "chat", [1], b"state")
+    assert file.stat().st_mode & 0o777 == 0o600
