@@ -19,7 +19,7 @@ import io
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from mlx_lm.models.cache import (
     save_prompt_cache,
     trim_prompt_cache,
 )
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from app import paths
 from app.engine.kvstore import KVStore
@@ -377,6 +377,7 @@ class MlxEngine:
         reused, restored, prefilled = self._sync(held, tokens, cancel)
         prefill_s = time.perf_counter() - start
         sample = self._sampler(sampling)
+        processors = self._logits_processors(sampling)
         text = loaded.tokenizer.stream()
         generated = 0
         first_at = last_at = None
@@ -388,7 +389,12 @@ class MlxEngine:
             if generated >= max_tokens:
                 break
             logits = held.logits
-            sampled = sample((logits - mx.logsumexp(logits, keepdims=True))[None])
+            scores = logits[None]
+            if processors:
+                context = mx.array(held.tokens[-sampling.penalty_last_n :])
+                for process in processors:
+                    scores = process(context, scores)
+            sampled = sample(scores - mx.logsumexp(scores, axis=-1, keepdims=True))
             last = generated + 1 >= max_tokens or len(held.tokens) + 1 >= self._n_ctx
             ahead = self._trimmable and not last
             if ahead:
@@ -422,6 +428,21 @@ class MlxEngine:
             decode_s=decode_s,
             finish_reason=reason,
             restored_tokens=restored,
+        )
+
+    @staticmethod
+    def _logits_processors(sampling: SamplingParams) -> list[Callable]:
+        """mlx-lm's logit bias and penalties, over the same last `penalty_last_n` tokens
+        (prompt and reply) as llama.cpp's sampler chain, so both engines penalise alike."""
+        n = sampling.penalty_last_n
+        return make_logits_processors(
+            dict(sampling.logit_bias) or None,
+            repetition_penalty=sampling.repeat_penalty if sampling.repeat_penalty != 1.0 else None,
+            repetition_context_size=n,
+            presence_penalty=sampling.presence_penalty or None,
+            presence_context_size=n,
+            frequency_penalty=sampling.frequency_penalty or None,
+            frequency_context_size=n,
         )
 
     @staticmethod
