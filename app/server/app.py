@@ -1,8 +1,10 @@
 """The OpenAI-compatible HTTP API over the app's engine host (aiohttp, on the app's loop).
 
-Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (each streaming as
-server-sent events or not). The server shares the EngineClient the window uses, so it runs
-on the same asyncio loop and the engine process serialises its work with the GUI's.
+Routes: GET /v1/models (and /v1/models/{id}), POST /v1/chat/completions, POST
+/v1/completions (each streaming as server-sent events or not), each also without the /v1
+prefix as llama-server serves them, and GET /health (no key; the engine's status only). The
+server shares the EngineClient the window uses, so it runs on the same asyncio loop and the
+engine process serialises its work with the GUI's.
 
 What makes it more than a proxy: a chat history is turned into tokens by the app's
 Transcript with the exact ids of this server's earlier replies (prompts.py, replay.py), and
@@ -17,8 +19,16 @@ ids of that choice or chunk) and the response carries `prompt_token_ids` at top 
 first chunk, when streaming).
 
 Limits: bodies over `max_body_bytes` get 413; more than `max_in_flight` requests at once
-get 429; a prompt that does not fit the context gets 400 with both numbers. A client that
+get 429 (with Retry-After), and so do requests on connections beyond `max_connections`; a
+prompt that does not fit the context gets 400 with both numbers. Slow clients cannot hold
+connections: unfinished headers and idle keep-alive connections are closed after
+`header_timeout_s`, a body that takes longer than `body_timeout_s` gets 408. A client that
 disconnects mid-reply cancels its generation, so the engine is free for the next request.
+Every error is OpenAI's JSON error object in words, HTTP that does not parse included; none
+carries Python's exception text or echoes the request's bytes.
+
+After each reply the conversation's KV is snapshotted in the background (as the window does
+after its replies), so a `kill -9` of the server loses no API conversation's KV.
 """
 
 from __future__ import annotations
@@ -38,7 +48,8 @@ from typing import Any
 from aiohttp import web
 
 from app.engine.chat_template import ChatTemplate, TemplateError
-from app.engine.host import EngineClient, EngineCrashedError, Generation
+from app.engine.host import EngineClient, EngineCrashedError, EngineState, Generation
+from app.engine.prewarm import Prewarmer
 from app.engine.protocol import (
     ContextOverflowError,
     EngineError,
@@ -54,6 +65,7 @@ from app.server.schema import (
     ApiError,
     CompletionRequest,
     GenerationParams,
+    check_json,
     parse_chat,
     parse_completion,
 )
@@ -62,6 +74,16 @@ from app.server.slots import SlotMap
 logger = logging.getLogger("stoke.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+RETRY_AFTER_S = 2  # what a 429 tells the client to wait
+_HEALTH = {  # engine state -> (HTTP status, /health's status word)
+    EngineState.READY: (200, "ok"),
+    EngineState.PREFILLING: (200, "ok"),
+    EngineState.GENERATING: (200, "ok"),
+    EngineState.STOPPED: (503, "loading"),
+    EngineState.LOADING: (503, "loading"),
+    EngineState.CRASHED: (503, "restarting"),
+    EngineState.FAILED: (503, "error"),
+}
 
 
 @dataclass(frozen=True)
@@ -72,6 +94,12 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # none: browsers may not call it; "*" for any
     max_body_bytes: int = 8 << 20
     max_in_flight: int = 16
+    max_connections: int = 64  # open at once; requests on the ones beyond get 429
+    # Seconds a connection may take to send a request's headers, from connecting or from the
+    # end of its last response: unfinished headers and idle keep-alive connections end there.
+    header_timeout_s: float = 30.0
+    body_timeout_s: float = 30.0  # to send the body once the headers are in (else 408)
+    strict_model: bool = False  # an unknown model name gets 404 instead of this server's model
 
 
 @dataclass
@@ -151,6 +179,37 @@ class _Reply:
         )
 
 
+class _Connection(web.RequestHandler):
+    """One client connection. `admitted` is False when it opened beyond the connection
+    limit. Errors aiohttp answers itself (HTTP that does not parse) come in OpenAI's JSON
+    shape, in words, without echoing the offending bytes."""
+
+    def __init__(self, manager: web.Server, *, admitted: bool, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.admitted = admitted
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs it; raises if too late
+        if status >= 500:
+            error = ApiError(status, _FAILED, kind="server_error")
+        else:
+            error = ApiError(
+                status,
+                "The request is not valid HTTP/1.1: check the request line, the header names "
+                "and values, and Content-Length.",
+                code="bad_http_request",
+            )
+        response = web.json_response(error.body(), status=status)
+        response.force_close()
+        return response
+
+
 class ApiServer:
     """The server: start() binds and serves on the running loop, stop() ends it."""
 
@@ -159,10 +218,14 @@ class ApiServer:
         self.config = config
         self.replies = ReplyStore()
         self.prompts = ChatPrompts(self.replies)
-        self.slots = SlotMap()
+        # Slot names key the KV snapshots: a restarted server must not reuse the names of
+        # the conversations an earlier one snapshotted, or its first snapshot replaces theirs.
+        self.slots = SlotMap(prefix=f"api-{uuid.uuid4().hex[:8]}")
         self.stats = ServerStats()
+        self.prewarm = Prewarmer(self)  # the snapshots after replies
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self._opened: dict[tuple, bool] = {}  # template key -> generation prompt opens <think>
 
     @property
@@ -179,30 +242,58 @@ class ApiServer:
         host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
         return f"http://{host}:{self.port}/v1"
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._runner.server.connections) if self._runner else 0
+
     async def start(self) -> str:
         """Bind and serve; returns the base URL. Raises OSError when the port is taken."""
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
-            middlewares=[self._errors, self._auth],
+            middlewares=[self._errors, self._admit, self._auth],
         )
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        for prefix in ("/v1", ""):  # llama-server serves both
+            app.router.add_get(f"{prefix}/models", self._models)
+            app.router.add_get(f"{prefix}/models/{{model_id}}", self._model)
+            app.router.add_post(f"{prefix}/chat/completions", self._chat)
+            app.router.add_post(f"{prefix}/completions", self._completions)
+            app.router.add_get(f"{prefix}/health", self._health)
+        runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
+        self._runner = runner
         try:
-            await web.TCPSite(runner, self.config.host, self.config.port).start()
+            self._listener = await asyncio.get_running_loop().create_server(
+                self._connection, self.config.host, self.config.port
+            )
         except OSError:
+            self._runner = None
             await runner.cleanup()
             raise
-        self._runner = runner
-        self.port = runner.addresses[0][1]
+        self.port = self._listener.sockets[0].getsockname()[1]
         return self.url
 
+    def _connection(self) -> _Connection:
+        """A new connection's handler (the listener's protocol factory), with the timeouts
+        and the limit as the config says now."""
+        server = self._runner.server
+        return _Connection(
+            server,
+            admitted=len(server.connections) < self.config.max_connections,
+            loop=asyncio.get_running_loop(),
+            keepalive_timeout=self.config.header_timeout_s,  # aiohttp's idle timer
+            access_log=None,
+        )
+
     async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            await listener.wait_closed()
+        await self.prewarm.idle()
 
     # -- middleware: errors in OpenAI's shape, CORS, the key --------------------------------
 
@@ -216,21 +307,36 @@ class ApiServer:
             response = self._error_response(_http_error(exc))
         except EngineError as exc:
             response = self._error_response(_engine_error(exc))
-        except Exception as exc:  # never a traceback to the client; the log has it
+        except Exception:  # never a traceback or exception text to the client; the log has it
             logger.exception("request %s %s failed", request.method, request.path)
-            response = self._error_response(
-                ApiError(
-                    500, f"The server failed: {type(exc).__name__}: {exc}", kind="server_error"
-                )
-            )
+            response = self._error_response(ApiError(500, _FAILED, kind="server_error"))
         if not response.prepared:
             response.headers.update(self._cors_headers(request))
         return response
 
     @web.middleware
+    async def _admit(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Requests on connections opened beyond the limit get 429 (and the connection ends),
+        so slow or idle clients cannot take every connection unnoticed."""
+        connection = request.protocol
+        if isinstance(connection, _Connection) and not connection.admitted:
+            raise ApiError(
+                429,
+                f"The server has {self.config.max_connections} connections open, its limit; "
+                "close idle ones or try again shortly.",
+                kind="rate_limit_error",
+                code="too_many_connections",
+                retry_after=RETRY_AFTER_S,
+                close=True,
+            )
+        return await handler(request)
+
+    @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method == "OPTIONS" and self.config.cors_origins:
             return web.Response(status=204, headers=self._cors_headers(request, preflight=True))
+        if request.path in ("/health", "/v1/health"):
+            return await handler(request)  # status only, for supervisors and load balancers
         if not auth.authorized(request.headers.get("Authorization"), self.config.api_key):
             raise ApiError(
                 401,
@@ -254,16 +360,40 @@ class ApiServer:
 
     def _error_response(self, error: ApiError) -> web.Response:
         self.stats.rejected += 1
-        return web.json_response(error.body(), status=error.status)
+        response = web.json_response(error.body(), status=error.status)
+        if error.retry_after is not None:
+            response.headers["Retry-After"] = str(error.retry_after)
+        if error.close:
+            response.force_close()
+        return response
 
     # -- routes ------------------------------------------------------------------------------
 
-    async def _models(self, request: web.Request) -> web.Response:
+    def _model_entry(self) -> dict[str, Any]:
         info = self.engine.info
-        entry = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "stoke"}
+        entry: dict[str, Any] = {
+            "id": self.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "stoke",
+        }
         if info is not None:
             entry["context_length"] = info.n_ctx
-        return web.json_response({"object": "list", "data": [entry]})
+        return entry
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [self._model_entry()]})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        """One model by id: a lookup, so an unknown id is 404 even when requests naming it
+        would be served."""
+        if request.match_info["model_id"] != self.model_id:
+            raise self._unknown_model(request.match_info["model_id"])
+        return web.json_response(self._model_entry())
+
+    async def _health(self, request: web.Request) -> web.Response:
+        status, word = _HEALTH.get(self.engine.state, (503, "error"))
+        return web.json_response({"status": word}, status=status)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         chat = parse_chat(await self._body(request))
@@ -278,9 +408,10 @@ class ApiServer:
             prompt = self.prompts.build(
                 chat.messages, template, info, self.engine.local_tokenizer()
             )
+            opened = self._opens_reasoning(template)
         except TemplateError as exc:
             raise ApiError(400, f"The model's chat template refused these messages: {exc}") from exc
-        job = _Job("chat", chat.params, prompt, reasoning_opened=self._opens_reasoning(template))
+        job = _Job("chat", chat.params, prompt, reasoning_opened=opened)
         return await self._generate(request, job, info)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -329,12 +460,21 @@ class ApiServer:
                 param="messages" if job.kind == "chat" else "prompt",
                 code="context_length_exceeded",
             )
+        bad = [t for t, _ in job.params.sampling.logit_bias if t >= info.n_vocab]
+        if bad:
+            raise ApiError(
+                400,
+                f"`logit_bias` names token ids outside the vocabulary (0 to {info.n_vocab - 1}): "
+                f"{bad[:5]}.",
+                param="logit_bias",
+            )
         if self.stats.in_flight >= self.config.max_in_flight:
             raise ApiError(
                 429,
                 f"The server is busy with {self.stats.in_flight} requests; try again shortly.",
                 kind="rate_limit_error",
                 code="too_many_requests",
+                retry_after=RETRY_AFTER_S,
             )
         self.stats.requests += 1
         self.stats.in_flight += 1
@@ -350,6 +490,7 @@ class ApiServer:
         finally:
             self.stats.in_flight -= 1
             self.slots.release(slot, held)
+            self.prewarm.after_reply(slot)  # on disk soon: a crash keeps this KV
 
     async def _run(
         self, job: _Job, slot: str, held: list[int], reply: _Reply
@@ -484,29 +625,54 @@ class ApiServer:
     # -- helpers -----------------------------------------------------------------------------
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        limit = self.config.max_body_bytes
+        """The JSON object the request carries, read within the body timeout and checked
+        for what json.loads lets through (check_json); every failure in words."""
+        limit, timeout = self.config.max_body_bytes, self.config.body_timeout_s
         if request.content_length is not None and request.content_length > limit:
             raise _too_large(request.content_length, limit)
         try:
-            body = await request.json()
+            raw = await asyncio.wait_for(request.read(), timeout)
         except web.HTTPRequestEntityTooLarge as exc:
             raise _too_large(None, limit) from exc
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"The request body is not valid JSON: {exc}") from exc
+        except TimeoutError as exc:
+            raise ApiError(
+                408,
+                f"The request body did not arrive within {timeout:g} s; send it at once.",
+                code="request_timeout",
+                close=True,
+            ) from exc
+        try:
+            body = json.loads(raw)
+        except UnicodeDecodeError as exc:
+            raise ApiError(400, "The request body is not UTF-8 text.") from exc
+        except json.JSONDecodeError as exc:
+            raise ApiError(
+                400,
+                f"The request body is not valid JSON ({exc.msg.lower()} at line {exc.lineno}, "
+                f"column {exc.colno}).",
+            ) from exc
+        except RecursionError as exc:
+            raise ApiError(400, "The request body is nested too deeply.") from exc
         if not isinstance(body, dict):
             raise ApiError(400, "The request body must be a JSON object.")
+        check_json(body)
         return body
 
     async def _ready(self, params: GenerationParams) -> ModelInfo:
-        if params.model != self.model_id:
-            raise ApiError(
-                404,
-                f"The model {params.model!r} does not exist here; this server has "
-                f"{self.model_id!r} (see /v1/models).",
-                param="model",
-                code="model_not_found",
-            )
+        """The loaded model's info. With one model loaded, any model name is served by it
+        (as llama-server and LM Studio do), unless the server is strict about names."""
+        if params.model != self.model_id and self.config.strict_model:
+            raise self._unknown_model(params.model)
         return await self.engine.ready()
+
+    def _unknown_model(self, name: str) -> ApiError:
+        return ApiError(
+            404,
+            f"The model {name[:100]!r} does not exist here; this server has {self.model_id!r} "
+            "(see /v1/models).",
+            param="model",
+            code="model_not_found",
+        )
 
     def _envelope(self, job: _Job, *, chunk: bool) -> dict[str, Any]:
         if job.kind == "chat":
@@ -554,6 +720,9 @@ class ApiServer:
         logger.info("%s %s: the client left; its generation was cancelled", job.kind, job.id)
 
 
+_FAILED = "The server failed on this request; its log says why."
+
+
 async def _write_event(response: web.StreamResponse, body: dict[str, Any]) -> None:
     await response.write(f"data: {json.dumps(body)}\n\n".encode())
 
@@ -592,8 +761,8 @@ def _http_error(exc: web.HTTPException) -> ApiError:
     if exc.status == 404:
         return ApiError(
             404,
-            "No such endpoint; this server has /v1/models, "
-            "/v1/chat/completions and /v1/completions.",
+            "No such endpoint; this server has /v1/models, /v1/chat/completions, "
+            "/v1/completions and /health.",
             code="not_found",
         )
     if exc.status == 405:

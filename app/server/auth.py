@@ -1,8 +1,8 @@
 """The local API server's key: required on every request, made on first use, kept in the
 system keychain (or, where there is none, in memory until Stoke quits; never in a file).
 
-Scripts set the key with `--api-key KEY` or `STOKE_API_KEY`; a key given that way is used as
-is and not stored.
+Scripts set the key with `--api-key-file PATH`, `STOKE_API_KEY` or `--api-key KEY` (which
+`ps` shows to every local user); a key given that way is used as is and not stored.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ class ApiKey:
     source: str  # "given" (flag or environment), "keychain" or "memory"
 
 
-def resolve(explicit: str | None = None) -> ApiKey:
-    """The key to require: the one given (flag, then environment), else the stored one,
-    else a new one, stored."""
+def resolve(explicit: str | None = None, *, given_by: str = "--api-key") -> ApiKey:
+    """The key to require: the one given (`explicit`, from the flag `given_by`, then the
+    environment), else the stored one, else a new one, stored."""
     given = (explicit or os.environ.get(ENV_VAR) or "").strip()
     if given:
-        source = "--api-key" if explicit and explicit.strip() else ENV_VAR
+        source = given_by if explicit and explicit.strip() else ENV_VAR
         return ApiKey(given, f"The API key was given with {source}.", "given")
     existing = secrets.get_token(KEY_NAME)
     if existing:
@@ -52,8 +52,9 @@ def _describe(value: str) -> ApiKey:
 
 
 def authorized(header: str | None, key: str) -> bool:
-    """Whether an Authorization header carries the key (constant-time comparison)."""
+    """Whether an Authorization header carries the key (constant-time comparison). Header
+    bytes that are not UTF-8 reach here as surrogate escapes: they never match, never raise."""
     scheme, _, token = (header or "").partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(token.strip().encode(), key.encode())
+    return hmac.compare_digest(token.strip().encode("utf-8", "surrogatepass"), key.encode())

@@ -1,4 +1,8 @@
-"""`stoke serve`: the OpenAI-compatible API on this machine, until Ctrl+C."""
+"""`stoke serve`: the OpenAI-compatible API on this machine, until Ctrl+C.
+
+The key is best given with `--api-key-file` or STOKE_API_KEY: a key on the command line is
+visible to every local user in `ps`, so `--api-key` works but draws a warning.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ import asyncio
 import contextlib
 import logging
 import signal
+import stat
 import sys
+from pathlib import Path
 
 from app import paths
 from app.cli import chat
@@ -26,20 +32,56 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--port", type=int, help="port (default: Settings > API Server's, 8484; 0: any free one)"
     )
-    parser.add_argument(
-        "--api-key", metavar="KEY", help=f"the key clients must send (or set {auth.ENV_VAR})"
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="the key clients must send (visible in `ps`: prefer --api-key-file or "
+        f"{auth.ENV_VAR})",
+    )
+    keys.add_argument(
+        "--api-key-file", metavar="PATH", type=Path, help="read the key from this file (mode 600)"
     )
     parser.add_argument(
         "--cors", metavar="ORIGIN", nargs="+", default=(), help="web origins allowed ('*': any)"
     )
     parser.add_argument("--max-in-flight", type=int, default=16, help="requests at once")
     parser.add_argument("--max-body-mib", type=float, default=8.0, help="largest request body")
+    parser.add_argument("--max-connections", type=int, default=64, help="open connections")
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds to send a request's headers; idle connections close after it too",
+    )
+    parser.add_argument(
+        "--body-timeout", type=float, default=30.0, metavar="S", help="seconds to send a body"
+    )
+    parser.add_argument(
+        "--strict-model",
+        action="store_true",
+        help="refuse (404) model names other than the loaded model's, instead of serving them",
+    )
     parser.add_argument("--show-key", action="store_true", help="print the API key and exit")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    key = auth.resolve(args.api_key)
+    if args.api_key_file is not None:
+        try:
+            key = auth.resolve(_read_key_file(args.api_key_file), given_by="--api-key-file")
+        except ValueError as exc:
+            print(f"stoke: {exc}", file=sys.stderr)
+            return 1
+    else:
+        if args.api_key:
+            print(
+                "Warning: a key given with --api-key is visible to every user of this machine "
+                f"(`ps`); use --api-key-file PATH or {auth.ENV_VAR} instead.",
+                file=sys.stderr,
+            )
+        key = auth.resolve(args.api_key)
     if args.show_key:
         if key.source == "memory":
             print(
@@ -57,11 +99,35 @@ def run(args: argparse.Namespace) -> int:
         cors_origins=tuple(args.cors),
         max_body_bytes=int(args.max_body_mib * (1 << 20)),
         max_in_flight=max(1, args.max_in_flight),
+        max_connections=max(1, args.max_connections),
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        strict_model=args.strict_model,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     with contextlib.suppress(KeyboardInterrupt):
         return asyncio.run(_serve(args, config, key))
     return 0
+
+
+def _read_key_file(path: Path) -> str:
+    """The key in `path` (surrounding whitespace dropped). Raises ValueError in words when it
+    cannot be read or is empty; warns when other users may read it."""
+    try:
+        text = path.read_text("utf-8").strip()
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        raise ValueError(f"cannot read the API key file {path}: {reason}.") from exc
+    if not text:
+        raise ValueError(f"the API key file {path} is empty.")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        print(
+            f"Warning: other users of this machine may read the API key file {path}; "
+            f"`chmod 600 {path}`.",
+            file=sys.stderr,
+        )
+    return text
 
 
 async def _serve(args: argparse.Namespace, config: ServerConfig, key: auth.ApiKey) -> int:

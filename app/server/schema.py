@@ -1,13 +1,15 @@
 """OpenAI request bodies, checked and turned into typed requests; errors in OpenAI's shape.
 
 Every check answers in words that say which field is wrong and what it should be, so a
-client author can fix the call from the message alone. Fields Stoke does not use (user,
-presence_penalty, ...) are ignored, as other OpenAI-compatible servers do; fields whose
-meaning Stoke cannot honour (n > 1, tools, logprobs) are refused rather than silently dropped.
+client author can fix the call from the message alone. Fields that do not change the reply
+(user, metadata, ...) are ignored, as other OpenAI-compatible servers do; sampling fields are
+honoured within their ranges (penalties, logit_bias); fields whose meaning Stoke cannot honour
+(n > 1, best_of > 1, suffix, tools, logprobs) are refused rather than silently dropped.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +18,21 @@ from app.engine.protocol import SamplingParams
 from app.engine.transcript import Role
 
 MAX_STOPS = 4
+MAX_JSON_DEPTH = 64  # a chat request needs about 5 levels
+MAX_LOGIT_BIAS = 1024  # entries; each costs a little on every sampled token
+# Names the server itself gives the chat template; a client's chat_template_kwargs may not.
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {
+        "messages",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+        "raise_exception",
+        "strftime_now",
+    }
+)
 _DEFAULTS = SamplingParams()
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _ROLES: dict[str, Role] = {
     "system": "system",
     "developer": "system",
@@ -36,6 +52,8 @@ class ApiError(Exception):
         kind: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after: int | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -43,6 +61,8 @@ class ApiError(Exception):
         self.kind = kind
         self.param = param
         self.code = code
+        self.retry_after = retry_after  # seconds, sent as Retry-After
+        self.close = close  # end the connection after answering (its request is unreadable)
 
     def body(self) -> dict[str, Any]:
         return {
@@ -88,6 +108,30 @@ class CompletionRequest:
     prompt: str | tuple[int, ...]
 
 
+def check_json(body: Any) -> None:
+    """Refuse what json.loads takes but nothing downstream can: nesting deeper than any
+    request needs, and lone UTF-16 surrogates (`"\\ud800"` escapes without their pair), which
+    no text encoding can write, in any key or string. Iterative, so depth costs no stack."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ApiError(
+                400, f"The request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)."
+            )
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            path = f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]"
+            path = path.removeprefix(".")
+            if isinstance(key, str) and _SURROGATE.search(key):
+                raise _lone_surrogate(where or "the request body")
+            if isinstance(value, str):
+                if _SURROGATE.search(value):
+                    raise _lone_surrogate(path)
+            elif isinstance(value, dict | list):
+                stack.append((value, path, depth + 1))
+
+
 def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
@@ -109,6 +153,13 @@ def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
         isinstance(v, str | int | float | bool) for v in variables.values()
     ):
         raise _invalid("chat_template_kwargs", "`chat_template_kwargs` must map names to values.")
+    reserved = sorted(RESERVED_TEMPLATE_VARIABLES.intersection(variables))
+    if reserved:
+        raise _invalid(
+            "chat_template_kwargs",
+            f"`chat_template_kwargs` may not set {', '.join(reserved)}: the server gives the "
+            "chat template those itself.",
+        )
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return ChatRequest(_params(body, max_tokens), messages, dict(variables))
 
@@ -129,6 +180,8 @@ def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
         raise _invalid("prompt", "`prompt` must be a string or a non-empty list of token ids.")
     if body.get("echo"):
         raise _invalid("echo", "`echo` is not supported.")
+    if body.get("suffix"):
+        raise _invalid("suffix", "`suffix` (text to insert before) is not supported.")
     return CompletionRequest(_params(body, body.get("max_tokens")), parsed)
 
 
@@ -177,6 +230,8 @@ def _params(body: Mapping[str, Any], max_tokens: Any) -> GenerationParams:
     n = body.get("n", 1)
     if n not in (None, 1):
         raise _invalid("n", "Only one choice per request is supported (`n` must be 1).")
+    if body.get("best_of") not in (None, 1):
+        raise _invalid("best_of", "Only one candidate per request is made (`best_of` must be 1).")
     if body.get("logprobs") or body.get("top_logprobs"):
         raise _invalid("logprobs", "`logprobs` is not supported.")
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 0):
@@ -196,6 +251,10 @@ def _params(body: Mapping[str, Any], max_tokens: Any) -> GenerationParams:
         min_p=_number(body, "min_p", _DEFAULTS.min_p, 0.0, 1.0),
         top_k=int(_number(body, "top_k", _DEFAULTS.top_k, 0, 1 << 20)),
         seed=seed,
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.1, 2.0),
+        logit_bias=_logit_bias(body.get("logit_bias")),
     )
     return GenerationParams(
         model=model,
@@ -221,6 +280,27 @@ def _stops(raw: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `{"token id": bias}` as sorted pairs; whether each id is in the vocabulary is
+    checked where the model is known (the server)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise _invalid("logit_bias", "`logit_bias` must be an object of token id -> bias.")
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise _invalid("logit_bias", f"`logit_bias` may hold up to {MAX_LOGIT_BIAS:,} tokens.")
+    pairs = {}
+    for key, bias in raw.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise _invalid(
+                "logit_bias", '`logit_bias` keys must be token ids (whole numbers, like "42").'
+            )
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise _invalid("logit_bias", "`logit_bias` values must be numbers from -100 to 100.")
+        pairs[int(key)] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
 def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
     value = body.get(name)
     if value is None:
@@ -232,6 +312,14 @@ def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: f
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _lone_surrogate(param: str) -> ApiError:
+    return _invalid(
+        param,
+        f"`{param}` holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair), "
+        "which is not text; send valid Unicode.",
+    )
 
 
 def _invalid(param: str, message: str) -> ApiError:

@@ -96,10 +96,15 @@ def test_malformed_json_and_wrong_shapes_are_400(served: ServerThread) -> None:
 
 
 def test_unknown_model_and_route_are_404(served: ServerThread) -> None:
-    with pytest.raises(openai.NotFoundError) as caught:
-        served.client().chat.completions.create(
-            model="gpt-5", messages=[{"role": "user", "content": "Hi"}]
-        )
+    config = served.server.config
+    served.server.config = replace(config, strict_model=True)  # else any name is served
+    try:
+        with pytest.raises(openai.NotFoundError) as caught:
+            served.client().chat.completions.create(
+                model="gpt-5", messages=[{"role": "user", "content": "Hi"}]
+            )
+    finally:
+        served.server.config = config
     assert caught.value.body["code"] == "model_not_found"
     assert served.model in caught.value.body["message"]
     status, body = _post(served, "/v1/embeddings", b"{}")
