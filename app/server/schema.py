@@ -120,16 +120,21 @@ def check_json(body: Any) -> None:
                 400, f"The request body is nested too deeply (more than {MAX_JSON_DEPTH} levels)."
             )
         items = node.items() if isinstance(node, dict) else enumerate(node)
-        for key, value in items:
-            path = f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]"
-            path = path.removeprefix(".")
+        for key, value in items:  # paths are made only where needed: token lists are long
             if isinstance(key, str) and _SURROGATE.search(key):
                 raise _lone_surrogate(where or "the request body")
             if isinstance(value, str):
                 if _SURROGATE.search(value):
-                    raise _lone_surrogate(path)
+                    raise _lone_surrogate(_path(where, key))
             elif isinstance(value, dict | list):
-                stack.append((value, path, depth + 1))
+                stack.append((value, _path(where, key), depth + 1))
+
+
+def _path(where: str, key: str | int) -> str:
+    """A field's name as the error messages write it: `messages[0].content`."""
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if where else key
 
 
 def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
