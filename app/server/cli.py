@@ -50,13 +50,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-connections", type=int, default=64, help="open connections")
     parser.add_argument(
         "--header-timeout",
-        type=float,
+        type=_seconds,
         default=30.0,
         metavar="S",
         help="seconds to send a request's headers; idle connections close after it too",
     )
     parser.add_argument(
-        "--body-timeout", type=float, default=30.0, metavar="S", help="seconds to send a body"
+        "--body-timeout", type=_seconds, default=30.0, metavar="S", help="seconds to send a body"
     )
     parser.add_argument(
         "--strict-model",
@@ -65,6 +65,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--show-key", action="store_true", help="print the API key and exit")
     parser.set_defaults(run=run)
+
+
+def _seconds(text: str) -> float:
+    """A timeout in seconds; 0 would mean none to aiohttp, which is what the flags prevent."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
