@@ -6,17 +6,30 @@ checks turn that into a sentence the user can act on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import logging
+import mmap
 import os
+import re
+import shutil
 import struct
+import threading
 from pathlib import Path
+from typing import Any
 
+from app import paths
 from app.engine.protocol import ModelLoadError
 
+logger = logging.getLogger("stoke.model_file")
+
 GGUF_MAGIC = b"GGUF"
-_HEAD_BYTES = 16 << 20  # metadata, tokenizer included, lives at the front of a GGUF
-_SAMPLES = 16
-_SAMPLE_BYTES = 64 << 10
+_FORMAT = b"stoke-fingerprint-2"  # bumped when what is hashed changes
+_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_SAFETENSORS_HEADER_MAX = 100 << 20
+_HASH_CHUNK = 8 << 20
+_CACHE_NAME = "model-hashes.json"
 
 
 def check_gguf(path: str | os.PathLike[str]) -> Path:
@@ -46,37 +59,223 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     return file
 
 
-def fingerprint(path: str | os.PathLike[str]) -> str:
-    """A stable id of the weights and tokenizer, cheap even for a 150 GB file.
+def fingerprint(path: str | os.PathLike[str], *, hash_content: bool = True) -> str:
+    """A stable id of a model's weights, cheap even for a 150 GB file. It keys KV snapshots
+    and load settings, so it must change whenever the weights may have.
 
-    Hashes the size, the front of the file (header, metadata, tokenizer) and evenly spread
-    samples of the tensor data, so a different model or a re-quantization changes it.
-    An MLX folder is named by its config and the name, size and head of each shard.
+    A GGUF (every part of a split set) is named by each part's size, mtime and a hash of its
+    whole header: metadata, tokenizer and every tensor's name, shape, type and offset. Weights
+    rewritten in place change the mtime; a different layout changes the header. The hash of
+    the full content is computed once per (path, size, mtime) in the background
+    (`hash_content`; never on the load path) and cached: it tells apart two files whose size,
+    mtime and header all agree but whose weights do not (a copy that kept the mtime), which
+    from then on get their own fingerprint. An MLX folder is named by its config and each
+    shard's name, size, mtime and safetensors header.
     """
     file = Path(path)
     if file.is_dir():
         return _folder_fingerprint(file)
-    size = file.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with file.open("rb") as fh:
-        digest.update(fh.read(_HEAD_BYTES))
-        if size > _HEAD_BYTES:
-            step = (size - _HEAD_BYTES) // _SAMPLES
-            for i in range(_SAMPLES):
-                fh.seek(_HEAD_BYTES + i * step)
-                digest.update(fh.read(_SAMPLE_BYTES))
-            fh.seek(max(size - _SAMPLE_BYTES, 0))
-            digest.update(fh.read(_SAMPLE_BYTES))
+    return _content_hashes.resolve(file, _quick(file), hash_content)
+
+
+def content_hash(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a whole file, from the cache when its path, size and mtime are unchanged;
+    otherwise read in full (what the background hash of `fingerprint` runs)."""
+    return _content_hashes.compute(Path(path))
+
+
+def _quick(file: Path) -> str:
+    """The fingerprint from sizes, mtimes and headers alone (names left out: a rename keeps it)."""
+    digest = hashlib.sha256(_FORMAT)
+    for n, part in enumerate(_parts(file)):
+        st = part.stat()
+        digest.update(f"{n}:{st.st_size}:{st.st_mtime_ns}:".encode())
+        digest.update(_header_digest(part))
     return digest.hexdigest()[:16]
+
+
+def _parts(file: Path) -> list[Path]:
+    """Every part of a split GGUF (`name-00001-of-00003.gguf`) that exists, else the file."""
+    match = _SPLIT.match(file.name)
+    if match is None:
+        return [file]
+    count = int(match["count"])
+    parts = (
+        file.with_name(f"{match['stem']}-{n:05d}-of-{count:05d}.gguf") for n in range(1, count + 1)
+    )
+    return [file, *(p for p in parts if p != file and p.exists())]
+
+
+def _header_digest(file: Path) -> bytes:
+    """sha256 of a GGUF's header (everything before the tensor data); of the first MiB for a
+    file that is not a readable GGUF, whose checks fail later with their own words."""
+    with file.open("rb") as fh:
+        try:
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                return hashlib.sha256(view[: _gguf_header_end(view)]).digest()
+        except (ValueError, OSError, struct.error):
+            fh.seek(0)
+            return hashlib.sha256(fh.read(1 << 20)).digest()
+
+
+def _gguf_header_end(view: mmap.mmap) -> int:
+    """Offset of the first byte after the tensor infos. Raises ValueError for anything that is
+    not a GGUF v2/v3 header inside the file."""
+    if view[:4] != GGUF_MAGIC or struct.unpack_from("<I", view, 4)[0] not in (2, 3):
+        raise ValueError("not a GGUF v2/v3 file")
+    n_tensors, n_kv = struct.unpack_from("<QQ", view, 8)
+    pos, size = 24, len(view)
+
+    def skip_string(at: int) -> int:
+        (length,) = struct.unpack_from("<Q", view, at)
+        if at + 8 + length > size:
+            raise ValueError("a string runs past the end of the file")
+        return at + 8 + length
+
+    def skip_value(kind: int, at: int) -> int:
+        if kind in _SCALAR_SIZES:
+            return at + _SCALAR_SIZES[kind]
+        if kind == _STRING:
+            return skip_string(at)
+        if kind != _ARRAY:
+            raise ValueError(f"unknown metadata type {kind}")
+        item, count = struct.unpack_from("<IQ", view, at)
+        at += 12
+        if item in _SCALAR_SIZES:
+            return at + count * _SCALAR_SIZES[item]
+        for _ in range(count):
+            at = skip_value(item, at)
+        return at
+
+    for _ in range(n_kv):
+        pos = skip_string(pos)
+        (kind,) = struct.unpack_from("<I", view, pos)
+        pos = skip_value(kind, pos + 4)
+    for _ in range(n_tensors):
+        pos = skip_string(pos)
+        (n_dims,) = struct.unpack_from("<I", view, pos)
+        pos += 4 + 8 * n_dims + 4 + 8  # dims, type, offset
+    if pos > size:
+        raise ValueError("the tensor infos run past the end of the file")
+    return pos
 
 
 def _folder_fingerprint(folder: Path) -> str:
-    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    digest = hashlib.sha256(_FORMAT + (folder / "config.json").read_bytes())
     for shard in sorted(folder.glob("*.safetensors")):
-        digest.update(f"{shard.name}:{shard.stat().st_size}".encode())
+        st = shard.stat()
+        digest.update(f"{shard.name}:{st.st_size}:{st.st_mtime_ns}:".encode())
         with shard.open("rb") as fh:
-            digest.update(fh.read(_SAMPLE_BYTES))
+            raw = fh.read(8)
+            (length,) = struct.unpack("<Q", raw) if len(raw) == 8 else (0,)
+            digest.update(fh.read(min(length, _SAFETENSORS_HEADER_MAX)))
     return digest.hexdigest()[:16]
+
+
+class _ContentHashes:
+    """Full-content hashes of model files, cached in the cache dir by (path, size, mtime).
+
+    `owners` remembers, for each cheap fingerprint, the content of the first file hashed under
+    it; a later file with the same cheap fingerprint but other content is a different model
+    that only looks the same, and is named by its content from then on. Until its hash is done
+    it shares the first one's KV folder, which is then emptied (a cache: it costs a prefill).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[Path] = set()
+
+    @staticmethod
+    def _read() -> dict[str, Any]:
+        try:
+            data = json.loads((paths.cache_dir(create=False) / _CACHE_NAME).read_text("utf-8"))
+        except (OSError, ValueError):
+            data = None
+        if not isinstance(data, dict) or data.get("version") != 1:
+            return {"version": 1, "files": {}, "owners": {}}
+        return data
+
+    def resolve(self, file: Path, quick: str, hash_content: bool) -> str:
+        """The fingerprint of `file` whose cheap part is `quick`; starts its hash if unknown."""
+        real = file.resolve()
+        data = self._read()
+        entry = data["files"].get(str(real))
+        stamp = _stamp(real)
+        if entry is not None and entry.get("stamp") == stamp and entry.get("quick") == quick:
+            owner = data["owners"].get(quick)
+            if owner is None or owner == entry["sha256"]:
+                return quick
+            return hashlib.sha256(f"{quick}:{entry['sha256']}".encode()).hexdigest()[:16]
+        if hash_content:
+            self._start(real)
+        return quick
+
+    def _start(self, real: Path) -> None:
+        with self._lock:
+            if real in self._running:
+                return
+            self._running.add(real)
+        threading.Thread(
+            target=self._background, args=(real,), name="model-content-hash", daemon=True
+        ).start()
+
+    def _background(self, real: Path) -> None:
+        """Hash at the lowest CPU priority, so a turn on the CPU never waits for it."""
+        with contextlib.suppress(OSError, AttributeError):  # Linux names threads by id
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:
+            self.compute(real)
+        except (OSError, paths.ReadOnlyError) as exc:
+            logger.info("content hash of %s not kept: %s", real, exc)
+        finally:
+            with self._lock:
+                self._running.discard(real)
+
+    def compute(self, file: Path) -> str:
+        real = file.resolve()
+        stamp = _stamp(real)
+        entry = self._read()["files"].get(str(real))
+        if entry is not None and entry.get("stamp") == stamp:
+            return entry["sha256"]
+        digest = _hash_file(real)
+        if _stamp(real) != stamp:  # changed while read: its next fingerprint starts again
+            return digest
+        quick = _quick(real)
+        with self._lock:
+            data = self._read()
+            data["files"][str(real)] = {"stamp": stamp, "quick": quick, "sha256": digest}
+            owner = data["owners"].setdefault(quick, digest)
+            paths.write_private(paths.cache_dir() / _CACHE_NAME, json.dumps(data, indent=1))
+        if owner != digest:
+            logger.warning(
+                "%s looks like another model (same size, date and tensor layout) but its "
+                "weights differ: its KV snapshots are kept apart from the next load",
+                real,
+            )
+            shutil.rmtree(paths.cache_dir() / "kv" / quick, ignore_errors=True)
+        return digest
+
+
+def _stamp(file: Path) -> list[int]:
+    st = file.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _hash_file(file: Path) -> str:
+    """sha256 of the whole file, dropping what it read from the page cache as it goes (pages
+    the engine has mapped stay), so hashing 150 GB does not push the model out of RAM."""
+    digest = hashlib.sha256()
+    with file.open("rb", buffering=0) as fh:
+        fd, done = fh.fileno(), 0
+        while chunk := fh.read(_HASH_CHUNK):
+            digest.update(chunk)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, done, len(chunk), os.POSIX_FADV_DONTNEED)
+            done += len(chunk)
+    return digest.hexdigest()
+
+
+_content_hashes = _ContentHashes()
 
 
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}

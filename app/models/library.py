@@ -32,7 +32,7 @@ ImportMode = Literal["copy", "move", "link"]
 
 _SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _LIBRARY_VERSION = 1
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: fingerprints from sizes, mtimes and whole headers
 _SAFETENSORS_HEADER_MAX = 100 << 20  # safetensors' own limit on a header
 
 
@@ -135,7 +135,7 @@ def _gguf_entry(first: Path) -> ModelEntry:
     files = info.files
     match = _SPLIT.match(first.name)
     return ModelEntry(
-        id=fingerprint(first),
+        id=fingerprint(first, hash_content=False),
         name=match["stem"] if match else first.stem,
         path=first,
         files=info.files,
@@ -222,7 +222,7 @@ def _mlx_entry(folder: Path) -> ModelEntry:
     files = _mlx_files(folder)
     experts = config.get("n_routed_experts") or config.get("num_experts")
     return ModelEntry(
-        id=fingerprint(folder),
+        id=fingerprint(folder, hash_content=False),
         name=folder.name,
         path=folder,
         files=files,
@@ -606,10 +606,13 @@ def _place(src: Path, target: Path, how: ImportMode) -> None:
         hidden = target.with_name(f".{target.name}.importing")
         _remove(hidden)
         try:
+            # copy2 keeps the mtime, so the copy keeps the fingerprint: same weights, same KV
+            # snapshots and load settings
             if src.is_dir():
                 shutil.copytree(src, hidden)
             else:
-                shutil.copyfile(src, hidden)
+                shutil.copy2(src, hidden)
+            paths.secure_tree(hidden)
             os.replace(hidden, target)
         finally:
             _remove(hidden)

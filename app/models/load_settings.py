@@ -68,7 +68,7 @@ def save(model_path: str | os.PathLike[str], options: dict[str, Any]) -> None:
     """Store `options` as the load settings of the model at `model_path` (which must exist).
     Raises TypeError for options JSON cannot hold, before anything is written."""
     json.dumps(options)
-    key = fingerprint(model_path)
+    key = fingerprint(model_path, hash_content=False)
     path = settings_path()
     models = _read(path)
     models[key] = {
@@ -83,7 +83,7 @@ def load(model_path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The saved load settings of the model at `model_path`; None when it has none (or the
     file is gone or unreadable)."""
     try:
-        key = fingerprint(model_path)
+        key = fingerprint(model_path, hash_content=False)
     except OSError:
         return None
     entry = _read(settings_path()).get(key)

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+import shutil
 import struct
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
+from gguf import GGUFWriter
 
-from app.engine.model_file import _HEAD_BYTES, check_gguf, fingerprint
+from app import paths
+from app.engine import model_file
+from app.engine.model_file import check_gguf, content_hash, fingerprint
 from app.engine.protocol import ModelLoadError
 from app.models.default import default_model_path
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def gguf_header(version: int = 3) -> bytes:
@@ -71,11 +84,22 @@ def test_default_model_passes() -> None:
 # --- fingerprint -----------------------------------------------------------------------------
 
 
-def sparse(path: Path, size: int, head: bytes = b"GGUF") -> Path:
-    with path.open("wb") as f:
-        f.write(head)
-        f.truncate(size)
+def gguf_model(path: Path, tensors: dict[str, np.ndarray]) -> Path:
+    """A real GGUF holding `tensors`, so the header walk sees names, shapes, types, offsets."""
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    for name, data in tensors.items():
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     return path
+
+
+def big_model(path: Path) -> Path:
+    """48 MiB of weights: the old fingerprint sampled 17 places past the first 16 MiB."""
+    return gguf_model(path, {"blk.0.ffn.weight": np.zeros((12, 1 << 20), np.float32)})
 
 
 def poke(path: Path, offset: int, byte: bytes = b"\x01") -> None:
@@ -84,56 +108,163 @@ def poke(path: Path, offset: int, byte: bytes = b"\x01") -> None:
         f.write(byte)
 
 
+def same_stamp(path: Path, like: Path) -> None:
+    """Give `path` the mtime of `like`, as `cp -p`, `rsync -t` or `tar` do."""
+    st = like.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def test_fingerprint_is_stable(tmp_path: Path) -> None:
     path = write(tmp_path / "small.gguf", gguf_header() + b"weights")
-    first = fingerprint(path)
-    assert fingerprint(path) == first
-    assert fingerprint(str(path)) == first
+    first = fingerprint(path, hash_content=False)
+    assert fingerprint(path, hash_content=False) == first
+    assert fingerprint(str(path), hash_content=False) == first
     assert re.fullmatch(r"[0-9a-f]{16}", first)
 
 
 def test_fingerprint_changes_with_content(tmp_path: Path) -> None:
     a = write(tmp_path / "a.gguf", gguf_header() + b"weights")
     b = write(tmp_path / "b.gguf", gguf_header() + b"weighty")
-    assert fingerprint(a) != fingerprint(b)
+    assert fingerprint(a, hash_content=False) != fingerprint(b, hash_content=False)
 
 
-def test_fingerprint_of_big_sparse_file_sees_the_middle(tmp_path: Path) -> None:
-    size = _HEAD_BYTES + (32 << 20)  # 48 MiB, sparse
-    path = sparse(tmp_path / "big.gguf", size)
-    before = fingerprint(path)
-    assert fingerprint(path) == before
-    middle = size // 2 + 123  # past the 16 MiB head, inside the middle sample
-    assert middle > _HEAD_BYTES
-    poke(path, middle)
+def test_weights_changed_between_the_old_samples_change_the_fingerprint(tmp_path: Path) -> None:
+    """Issue 14, item 12: the old fingerprint kept its value, so old KV met new weights."""
+    path = big_model(tmp_path / "big.gguf")
+    before = fingerprint(path, hash_content=False)
+    size = path.stat().st_size
+    poke(path, (16 << 20) + (size - (16 << 20)) // 32)  # between two of the old samples
     assert path.stat().st_size == size
-    changed = fingerprint(path)
-    assert changed != before
-    poke(path, middle, b"\x00")
-    assert fingerprint(path) == before
+    assert fingerprint(path, hash_content=False) != before
 
 
-def test_fingerprint_of_big_sparse_file_sees_the_head_and_tail(tmp_path: Path) -> None:
-    size = _HEAD_BYTES + (8 << 20) + 17
-    path = sparse(tmp_path / "big.gguf", size)
-    before = fingerprint(path)
-    poke(path, _HEAD_BYTES - 1)
-    head = fingerprint(path)
-    assert head != before
-    poke(path, size - 1)
-    assert fingerprint(path) not in (before, head)
+def test_the_tensor_layout_is_in_the_fingerprint(tmp_path: Path) -> None:
+    """Same size, same mtime, same bytes of weights: only a name, a type or an offset differ."""
+    ones = np.ones((4, 8), np.float32)
+    base = gguf_model(tmp_path / "base.gguf", {"a.weight": ones, "b.weight": ones})
+    others = [
+        gguf_model(tmp_path / "name.gguf", {"a.weight": ones, "c.weight": ones}),
+        gguf_model(tmp_path / "order.gguf", {"b.weight": ones, "a.weight": ones}),
+        gguf_model(tmp_path / "type.gguf", {"a.weight": ones, "b.weight": ones.view(np.int32)}),
+    ]
+    prints = set()
+    for path in (base, *others):
+        assert path.stat().st_size == base.stat().st_size
+        same_stamp(path, base)
+        prints.add(fingerprint(path, hash_content=False))
+    assert len(prints) == 4
 
 
-def test_fingerprint_changes_with_size(tmp_path: Path) -> None:
-    small = fingerprint(sparse(tmp_path / "a.gguf", 1000))
-    assert fingerprint(sparse(tmp_path / "b.gguf", 1001)) != small
-    big = fingerprint(sparse(tmp_path / "c.gguf", _HEAD_BYTES + (4 << 20)))
-    # same bytes everywhere it samples (zeros), only the length differs
-    assert fingerprint(sparse(tmp_path / "d.gguf", _HEAD_BYTES + (4 << 20) + 1)) != big
+def test_a_rename_or_move_keeps_the_fingerprint(tmp_path: Path) -> None:
+    path = big_model(tmp_path / "a.gguf")
+    before = fingerprint(path, hash_content=False)
+    moved = path.rename(tmp_path / "b.gguf")
+    assert fingerprint(moved, hash_content=False) == before
+
+
+def test_every_part_of_a_split_model_is_in_the_fingerprint(tmp_path: Path) -> None:
+    ones = np.ones((4, 8), np.float32)
+    first = gguf_model(tmp_path / "m-00001-of-00002.gguf", {"a.weight": ones})
+    second = gguf_model(tmp_path / "m-00002-of-00002.gguf", {"b.weight": ones})
+    before = fingerprint(first, hash_content=False)
+    poke(second, second.stat().st_size - 1)
+    assert fingerprint(first, hash_content=False) != before
+
+
+def test_restarts_keep_the_fingerprint_before_and_after_the_content_hash(
+    tmp_path: Path, stoke_home: Path
+) -> None:
+    """It names existing KV folders: a new process on the same file must find them."""
+    path = big_model(tmp_path / "model.gguf")
+    code = (
+        "import sys; from app.engine.model_file import fingerprint; print(fingerprint(sys.argv[1]))"
+    )
+
+    def in_a_new_process() -> str:
+        return subprocess.run(
+            [sys.executable, "-c", code, str(path)],
+            cwd=REPO,
+            env={**os.environ, "STOKE_HOME": str(stoke_home)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    first = in_a_new_process()
+    assert content_hash(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert in_a_new_process() == first == fingerprint(path)
+
+
+def test_the_content_hash_runs_off_the_calling_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = big_model(tmp_path / "model.gguf")
+    hashed_on: list[int] = []
+    real = model_file._hash_file
+
+    def spy(file: Path) -> str:
+        hashed_on.append(threading.get_ident())
+        return real(file)
+
+    monkeypatch.setattr(model_file, "_hash_file", spy)
+    fingerprint(path)  # starts the hash and returns
+    for thread in threading.enumerate():
+        if thread.name == "model-content-hash":
+            thread.join()
+    assert hashed_on and threading.get_ident() not in hashed_on
+    assert (paths.cache_dir() / "model-hashes.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_content_hash_is_cached_by_path_size_and_mtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = big_model(tmp_path / "model.gguf")
+    first = content_hash(path)
+    calls: list[Path] = []
+    monkeypatch.setattr(model_file, "_hash_file", lambda file: calls.append(file) or "new")
+    assert content_hash(path) == first and calls == []
+    os.utime(path, ns=(0, 10**18))
+    assert content_hash(path) == "new" and calls == [path.resolve()]
+
+
+def test_a_copy_with_the_same_mtime_but_other_weights_is_told_apart(tmp_path: Path) -> None:
+    original = big_model(tmp_path / "original.gguf")
+    kept = fingerprint(original, hash_content=False)
+    content_hash(original)  # the first file hashed under this cheap fingerprint
+    copy = tmp_path / "copy.gguf"
+    shutil.copy2(original, copy)
+    poke(copy, copy.stat().st_size // 2)
+    same_stamp(copy, original)
+    snapshots = paths.kv_dir(kept)
+    (snapshots / "chat.kv").write_bytes(b"STKV")
+    # Until its hash is done the copy looks like the original...
+    assert fingerprint(copy, hash_content=False) == kept
+    content_hash(copy)
+    # ...then it is named by its content, the original keeps its name, and the KV folder the
+    # copy may have written into is emptied.
+    assert fingerprint(copy, hash_content=False) != kept
+    assert fingerprint(original, hash_content=False) == kept
+    assert not snapshots.exists()
+    # An exact copy is the same weights: it keeps the original's fingerprint after its hash.
+    twin = tmp_path / "twin.gguf"
+    shutil.copy2(original, twin)
+    content_hash(twin)
+    assert fingerprint(twin, hash_content=False) == kept
+
+
+def test_fingerprint_of_an_mlx_folder_sees_each_shard(tmp_path: Path) -> None:
+    folder = tmp_path / "mlx"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    shard = write(folder / "model.safetensors", struct.pack("<Q", len(header)) + header + bytes(8))
+    before = fingerprint(folder)
+    poke(shard, shard.stat().st_size - 1)
+    assert fingerprint(folder) != before
 
 
 def test_default_model_fingerprint() -> None:
     path = default_model_path()
-    value = fingerprint(path)
+    value = fingerprint(path, hash_content=False)
     assert re.fullmatch(r"[0-9a-f]{16}", value)
-    assert fingerprint(path) == value
+    assert fingerprint(path, hash_content=False) == value
