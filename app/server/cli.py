@@ -143,6 +143,7 @@ def _read_key_file(path: Path) -> str:
 
 async def _serve(args: argparse.Namespace, config: ServerConfig, key: auth.ApiKey) -> int:
     engine = EngineClient(chat.load_options(args), log_path=paths.cache_dir() / "engine.log")
+    engine.add_notice_listener(lambda text: print(f"stoke: {text}", file=sys.stderr, flush=True))
     server = ApiServer(engine, config)
     loading = asyncio.ensure_future(engine.start())
     await asyncio.sleep(0)  # the engine is starting: a request now waits for the model

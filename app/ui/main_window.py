@@ -142,7 +142,10 @@ class MainWindow(QMainWindow):
         self._connect()
         self.apply_theme(self._theme)
         session.engine.add_state_listener(self._engine_state)
+        session.engine.add_notice_listener(self._engine_notice)  # e.g. a safe-mode restart
         self._engine_state(session.engine.state, "")
+        for notice in session.engine.notices:  # said before the window existed
+            self._engine_notice(notice)
 
     # -- layout --
 
@@ -470,8 +473,12 @@ class MainWindow(QMainWindow):
             self.banner.show_message(
                 f"{detail}\nChoose another model in Settings, or start Stoke with --model PATH."
             )
-        elif state == EngineState.CRASHED and detail:
+        elif state == EngineState.CRASHED and detail and detail not in self.session.engine.notices:
             self.banner.show_message(detail)
+
+    def _engine_notice(self, text: str) -> None:
+        """A setting the engine host changed itself, in one line: worth reading, no error."""
+        self.banner.show_message(text, kind="info")
 
     def apply_theme(self, name: str) -> None:
         self._theme = name

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QPushButton, QTextBrowser, QWidget
+from PySide6.QtWidgets import QLabel, QPushButton, QTextBrowser, QWidget
 
 from app.engine.protocol import LoadOptions
 from app.ui.app import open_window
@@ -176,3 +176,20 @@ def test_a_model_that_fails_to_load_is_explained(harness: Harness, tmp_path: Pat
     assert window.banner.isVisible()
     assert "Could not load the model broken.gguf" in window.banner.text.text()
     assert window.state_label.text() == "Model failed to load"
+
+
+def test_a_first_decode_crash_is_survived_and_said_in_the_banner(harness: Harness, monkeypatch):
+    """Issue 13: the engine dies by SIGSEGV in its first decode (the worker's test hook, as
+    llama.cpp's AMX matmul does); the turn still completes and the banner says what changed."""
+    monkeypatch.setenv("STOKE_TEST_CRASH_FIRST_DECODE", "1")
+    window = harness.start()
+    conversation = window.conversation_id
+    window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": 12})
+    harness.type_and_send("Name three colours.")
+    harness.wait_until(lambda: window.session.engine.notices)
+    harness.turn()
+    path = window.store.current_path(conversation)
+    assert [m.role for m in path] == ["user", "assistant"] and path[1].status == "complete"
+    assert window.banner.isVisible()
+    shown = window.banner.findChild(QLabel).text()
+    assert "conservative settings" in shown and shown == window.session.engine.notices[0]
