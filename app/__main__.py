@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from app import paths
 from app.cli import chat
 from app.conversations import StoreError
 from app.engine.protocol import EngineError
@@ -74,12 +75,52 @@ def _gui(args: argparse.Namespace) -> int:
     return run_gui(options, conversation=args.conversation)
 
 
+def _writes(args: argparse.Namespace) -> bool:
+    """Whether the command saves anything in Stoke's folders (the rest only read them)."""
+    if args.command is None or args.command == "bench":
+        return True
+    if args.command == "chat":
+        return not args.list
+    if args.command == "serve":
+        return not args.show_key
+    if args.command == "models":
+        action = args.models_command
+        return (
+            action in ("import", "delete", "rename")
+            or (action == "download" and not args.list)
+            or (action == "folders" and bool(args.add or args.remove))
+        )
+    return False  # doctor, plan, dev
+
+
+def _read_only(args: argparse.Namespace) -> int | None:
+    """With a read-only folder, a command that writes stops with words (exit 1) and one that
+    only reads goes on after a note; None when every folder can be written."""
+    found = paths.read_only_folders()
+    if not found:
+        return None
+    if not _writes(args):
+        text = paths.read_only_text(found)
+        print(f"stoke: note: {text}: showing what is there, saving nothing.", file=sys.stderr)
+        return None
+    message = paths.read_only_message(found)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": message, "kind": "ReadOnlyError"}, ensure_ascii=False))
+    else:
+        print(f"stoke: {message}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    paths.start_private()
     parser = build_parser()
     args = parser.parse_args(argv)
+    refused = _read_only(args)
+    if refused is not None:
+        return refused
     try:
         return _gui(args) if args.command is None else args.run(args)
-    except (EngineError, StoreError) as exc:  # any command: words, never a traceback
+    except (EngineError, StoreError, paths.ReadOnlyError) as exc:  # words, never a traceback
         print(f"stoke: {exc}", file=sys.stderr)
         return 1
 

@@ -236,13 +236,19 @@ def _default_model() -> dict[str, Any]:
 
 
 def _paths() -> dict[str, str]:
-    return {
-        "data_dir": str(paths.data_dir()),
-        "cache_dir": str(paths.cache_dir()),
-        "config_dir": str(paths.config_dir()),
-        "database_path": str(paths.database_path()),
-        "models_dir": str(paths.models_dir()),
+    """Where Stoke keeps things, created by nothing here (a report must not need to write);
+    `read_only` appears, in words, when one of them cannot be written."""
+    report = {
+        "data_dir": str(paths.data_dir(create=False)),
+        "cache_dir": str(paths.cache_dir(create=False)),
+        "config_dir": str(paths.config_dir(create=False)),
+        "database_path": str(paths.data_dir(create=False) / paths.DATABASE_NAME),
+        "models_dir": str(paths.models_dir(create=False)),
     }
+    read_only = paths.read_only_folders()
+    if read_only:
+        report["read_only"] = f"{paths.read_only_text(read_only)}: nothing can be saved"
+    return report
 
 
 def _keyring() -> dict[str, Any]:

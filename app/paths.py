@@ -3,10 +3,11 @@
 `STOKE_HOME` (one folder for data, cache and config) exists for tests and portable installs.
 
 What Stoke keeps (token ids of every conversation, the database, logs, settings) is readable
-text to anyone who can open it, so its folders are created 0700 and, the first time a process
-uses a folder, everything under it that is wider is narrowed to 0700 folders and 0600 files
-(symlinks, e.g. linked models, are left alone). A folder that cannot be written raises
-`ReadOnlyError`, whose message says so in words.
+text to anyone who can open it, so `stoke` runs with umask 077 (`start_private`: every file
+and folder it or its engine creates is 0600 / 0700, whoever writes it: SQLite, the log), and
+the first time a process uses one of its folders, everything under it that is wider is
+narrowed to that (symlinks, e.g. linked models, are left alone). A folder that cannot be
+created raises `ReadOnlyError`, whose message says so in words.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import platformdirs
 APP_NAME = "stoke"
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
+DATABASE_NAME = "conversations.db"
 _ROOTS = ("data", "cache", "config")
 _READ_ONLY = {errno.EROFS, errno.EACCES, errno.EPERM}
 _secured: set[Path] = set()
@@ -42,12 +44,18 @@ def _root(kind: str) -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
 
 
-def read_only_message(kind: str, folder: Path) -> str:
-    """The words for a folder Stoke cannot write."""
+def read_only_text(found: list[tuple[str, Path]]) -> str:
+    """The sentence start "Stoke's data folder X is read-only", for one or more folders."""
+    where = ", ".join(f"{kind} folder {folder}" for kind, folder in found)
+    return f"Stoke's {where} {'is' if len(found) == 1 else 'are'} read-only"
+
+
+def read_only_message(found: list[tuple[str, Path]]) -> str:
+    """The words for a command that needs to save in folders Stoke cannot write."""
     return (
-        f"Stoke's {kind} folder {folder} is read-only, so nothing can be saved there. "
-        "Make it writable, or set STOKE_HOME to a writable folder; `stoke chat --list`, "
-        "`stoke models list` and `stoke doctor` still work."
+        f"{read_only_text(found)}, so nothing can be saved there. Make "
+        f"{'it' if len(found) == 1 else 'them'} writable, or set STOKE_HOME to a writable "
+        "folder; `stoke chat --list`, `stoke models list` and `stoke doctor` still work."
     )
 
 
@@ -60,7 +68,7 @@ def _ensure(path: Path, kind: str) -> Path:
             path.mkdir(mode=PRIVATE_DIR, exist_ok=True)
         except OSError as exc:
             if exc.errno in _READ_ONLY:
-                raise ReadOnlyError(read_only_message(kind, _existing(path))) from exc
+                raise ReadOnlyError(read_only_message([(kind, _existing(path))])) from exc
             raise
     return path
 
@@ -105,13 +113,22 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def read_only_folders() -> list[str]:
-    """A sentence for each of Stoke's folders that cannot be written (none: an empty list)."""
+def start_private() -> None:
+    """Make what this process (and the engine it starts) creates private, and narrow what an
+    older version left wider. Called first thing by `stoke`."""
+    os.umask(0o077)
+    for kind in _ROOTS:
+        _root_dir(kind, create=False)
+
+
+def read_only_folders() -> list[tuple[str, Path]]:
+    """Which of Stoke's folders ("data", "cache", "config") cannot be written, and where: the
+    folder, or its nearest existing parent when it is still to be created."""
     found = []
     for kind in _ROOTS:
         folder = _existing(_root(kind))
         if not os.access(folder, os.W_OK | os.X_OK):
-            found.append(read_only_message(kind, folder))
+            found.append((kind, folder))
     return found
 
 
@@ -164,7 +181,7 @@ def config_dir(create: bool = True) -> Path:
 
 def database_path() -> Path:
     """The conversation store (SQLite, WAL)."""
-    return data_dir() / "conversations.db"
+    return data_dir() / DATABASE_NAME
 
 
 def kv_dir(fingerprint: str) -> Path:

@@ -10,6 +10,7 @@ delete its snapshots too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -109,20 +110,15 @@ def _stamp(files: tuple[Path, ...]) -> list[list[Any]]:
     return stamps
 
 
-def _write_json(path: Path, data: object) -> None:
-    """Temp file then rename: a crash never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2), "utf-8")
-    os.replace(tmp, path)
-
-
 def _read_json(path: Path) -> dict[str, Any]:
+    """The object in `path`; {} when it is missing or damaged (kept aside unless read-only)."""
     try:
         data = json.loads(path.read_text("utf-8"))
     except FileNotFoundError:
         return {}
     except (OSError, ValueError):
-        path.replace(path.with_name(path.name + ".damaged"))
+        with contextlib.suppress(OSError):
+            paths.keep_aside(path)
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -300,8 +296,9 @@ class Library:
     """The models Stoke knows, their per-model load settings, and the operations on them."""
 
     def __init__(self) -> None:
-        self._config_path = paths.config_dir() / "library.json"
-        self._cache_path = paths.cache_dir() / "library-scan.json"
+        # not created here: listing a read-only library must not need to write
+        self._config_path = paths.config_dir(create=False) / "library.json"
+        self._cache_path = paths.cache_dir(create=False) / "library-scan.json"
         self.problems: list[Problem] = []
 
     # settings file
@@ -314,7 +311,8 @@ class Library:
         return data
 
     def _save(self, data: dict[str, Any]) -> None:
-        _write_json(self._config_path, data)
+        paths.config_dir()
+        paths.write_private(self._config_path, json.dumps(data, indent=2))
 
     def _load_cache(self) -> dict[str, Any]:
         data = _read_json(self._cache_path)
@@ -323,13 +321,17 @@ class Library:
         return data["models"]
 
     def _save_cache(self, models: dict[str, Any]) -> None:
-        _write_json(self._cache_path, {"version": _CACHE_VERSION, "models": models})
+        """Best effort: a scan that cannot be remembered (a read-only folder) is redone."""
+        text = json.dumps({"version": _CACHE_VERSION, "models": models}, indent=2)
+        with contextlib.suppress(OSError, paths.ReadOnlyError):
+            paths.cache_dir()
+            paths.write_private(self._cache_path, text)
 
     # folders
 
     def folders(self) -> list[Path]:
         """Stoke's models folder first, then the user's folders in the order they were added."""
-        return [paths.models_dir(), *(Path(f) for f in self._load()["folders"])]
+        return [paths.models_dir(create=False), *(Path(f) for f in self._load()["folders"])]
 
     def add_folder(self, folder: str | os.PathLike[str]) -> Path:
         path = Path(folder).expanduser().resolve()
@@ -361,7 +363,8 @@ class Library:
         problems: list[Problem] = []
         for root in self.folders():
             if not root.is_dir():
-                problems.append(Problem(root, f"The library folder {root} is not available."))
+                if root != paths.models_dir(create=False):  # Stoke's own: no models yet
+                    problems.append(Problem(root, f"The library folder {root} is not available."))
                 continue
             for kind, first, files in _candidates(root):
                 key = str(first)
