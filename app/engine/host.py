@@ -11,6 +11,10 @@ AMX matmul on some Intel CPUs does that). The host then restarts it once with co
 settings (engine/safe_mode.py), records that for this model and machine so later starts load it
 that way at once, tells its notice listeners in one line, and sends the decode that was in
 flight again, so the turn completes. A second crash is reported as any other.
+
+Crashes that come too fast (more than MAX_RESTARTS in RESTART_WINDOW_S) are a loop: the host
+waits out each of `backoff_s` in turn and tries again with conservative settings, and only when
+those are spent does it give up (state FAILED), so a server's supervisor can restart it.
 """
 
 from __future__ import annotations
@@ -109,6 +113,7 @@ class EngineClient:
 
     MAX_RESTARTS = 3
     RESTART_WINDOW_S = 60.0
+    BACKOFF_S = (5.0, 20.0, 60.0)  # waits before each retry of a crash loop; then give up
 
     def __init__(
         self,
@@ -117,6 +122,7 @@ class EngineClient:
         backend: str | None = None,  # default: engine/choice.py's pick for the options
         on_state: StateListener | None = None,
         log_path: Path | None = None,
+        backoff_s: Sequence[float] | None = None,  # default: BACKOFF_S
     ) -> None:
         self.options = options
         self._backend = backend
@@ -142,6 +148,10 @@ class EngineClient:
         self._safe = False  # conservative settings for this model (a crash, or its record)
         self._first_decode = True  # no decode has finished since the child loaded
         self._resend: list[tuple] = []  # decodes to send again once the child is ready
+        self._backoff_s = tuple(self.BACKOFF_S if backoff_s is None else backoff_s)
+        self._backoffs = 0  # waits used in the current crash loop (a finished decode resets)
+        self._retry: asyncio.TimerHandle | None = None
+        self.retry_at: float | None = None  # time.monotonic() of the next retry, while waiting
 
     @property
     def backend(self) -> str:
@@ -249,6 +259,9 @@ class EngineClient:
 
     async def close(self) -> None:
         self._closing = True
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = self.retry_at = None
         if self._conn is not None:
             with contextlib.suppress(EngineCrashedError):
                 self._send(("shutdown",))
@@ -396,6 +409,7 @@ class EngineClient:
         if kind == "done":
             if pending.message[3] in _DECODES:
                 self._first_decode = False
+                self._backoffs = 0  # a decode finished: whatever loop there was is over
             result = message[2]
             if pending.generation is not None:
                 pending.generation.queue.put_nowait(result)
@@ -431,10 +445,15 @@ class EngineClient:
             return
         now = time.monotonic()
         self._restarts = [t for t in self._restarts if now - t < self.RESTART_WINDOW_S] + [now]
+        if len(self._restarts) > self.MAX_RESTARTS and self._backoffs < len(self._backoff_s):
+            self._back_off(len(self._restarts), reason)
+            return
         if len(self._restarts) > self.MAX_RESTARTS:
+            retries = f" and {self._backoffs} slower retries" if self._backoffs else ""
             message = (
-                f"The engine crashed {len(self._restarts)} times in a minute ({reason}); "
-                "it was not restarted. Try a smaller context or another model."
+                f"The engine crashed {len(self._restarts)} times in a minute{retries} "
+                f"({reason}); Stoke stopped restarting it. Try a smaller context or another "
+                "model, and see the engine log for details."
             )
             self._set_state(EngineState.FAILED, message)
             failed = EngineError(message)
@@ -447,6 +466,31 @@ class EngineClient:
         if self._ready is None or self._ready.done():
             self._ready = self._loop.create_future()
         self._spawn()
+
+    def _back_off(self, crashes: int, reason: str) -> None:
+        """A crash loop: wait the next back-off, then start again, conservatively."""
+        delay = self._backoff_s[self._backoffs]
+        self._backoffs += 1
+        self._restarts.clear()
+        safer = ""
+        if self.backend != "remote" and not self._safe:
+            self._safe = True
+            safer = f" with conservative settings ({safe_mode.CHANGES})"
+        message = (
+            f"The engine crashed {crashes} times in a minute ({reason}); trying again in "
+            f"{delay:g} s{safer}."
+        )
+        self._notice(message)
+        self._set_state(EngineState.CRASHED, message)
+        if self._ready is None or self._ready.done():
+            self._ready = self._loop.create_future()
+        self.retry_at = time.monotonic() + delay
+        self._retry = self._loop.call_later(delay, self._spawn_after_backoff)
+
+    def _spawn_after_backoff(self) -> None:
+        self._retry = self.retry_at = None
+        if not self._closing and self._process is None:
+            self._spawn()
 
     def _retry_safely(self, exitcode: int | None, reason: str) -> bool:
         """After a first-decode death by a signal: restart once with conservative settings,

@@ -393,7 +393,10 @@ class ApiServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         status, word = _HEALTH.get(self.engine.state, (503, "error"))
-        return web.json_response({"status": word}, status=status)
+        body: dict[str, Any] = {"status": word}
+        if self.engine.retry_at is not None:  # a crash loop's back-off: when it tries again
+            body["retry_in_s"] = round(max(self.engine.retry_at - time.monotonic(), 0.0), 1)
+        return web.json_response(body, status=status)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         chat = parse_chat(await self._body(request))

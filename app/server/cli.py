@@ -17,7 +17,7 @@ from pathlib import Path
 
 from app import paths
 from app.cli import chat
-from app.engine.host import EngineClient
+from app.engine.host import EngineClient, EngineState
 from app.server import auth
 from app.server.app import ApiServer, ServerConfig
 from app.settings import Settings
@@ -63,8 +63,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="refuse (404) model names other than the loaded model's, instead of serving them",
     )
+    parser.add_argument(
+        "--crash-backoff",
+        type=_backoff,
+        default=EngineClient.BACKOFF_S,
+        metavar="S,S,...",
+        help="when the engine keeps crashing, wait these seconds before each retry, then exit "
+        "with status 1 so a supervisor can restart Stoke (default: 5,20,60)",
+    )
     parser.add_argument("--show-key", action="store_true", help="print the API key and exit")
     parser.set_defaults(run=run)
+
+
+def _backoff(text: str) -> tuple[float, ...]:
+    try:
+        waits = tuple(_seconds(part) for part in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of seconds above 0, such as 5,20,60"
+        ) from None
+    return waits
 
 
 def _seconds(text: str) -> float:
@@ -142,7 +160,11 @@ def _read_key_file(path: Path) -> str:
 
 
 async def _serve(args: argparse.Namespace, config: ServerConfig, key: auth.ApiKey) -> int:
-    engine = EngineClient(chat.load_options(args), log_path=paths.cache_dir() / "engine.log")
+    engine = EngineClient(
+        chat.load_options(args),
+        log_path=paths.cache_dir() / "engine.log",
+        backoff_s=args.crash_backoff,
+    )
     engine.add_notice_listener(lambda text: print(f"stoke: {text}", file=sys.stderr, flush=True))
     server = ApiServer(engine, config)
     loading = asyncio.ensure_future(engine.start())
@@ -178,6 +200,14 @@ async def _serve(args: argparse.Namespace, config: ServerConfig, key: auth.ApiKe
             flush=True,
         )
     stop = asyncio.Event()
+    gave_up: list[str] = []
+
+    def on_state(state: EngineState, detail: str) -> None:
+        if state == EngineState.FAILED:  # the crash loop outlasted every back-off
+            gave_up.append(detail)
+            stop.set()
+
+    engine.add_state_listener(on_state)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -187,4 +217,7 @@ async def _serve(args: argparse.Namespace, config: ServerConfig, key: auth.ApiKe
         print("Stopping ...", file=sys.stderr)
         await server.stop()
         await engine.close()
+    if gave_up:
+        print(f"stoke: {gave_up[0]} Exiting so a supervisor can restart it.", file=sys.stderr)
+        return 1
     return 0
