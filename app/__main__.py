@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = subparsers.add_parser("bench", help="benchmarks (see bench/)")
     benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     from app.hardware import plan_cli
-    from bench import kv, ui_stall
+    from bench import cpu_buffers, kv, ui_stall
     from bench import serve as serve_bench
 
     plan_cli.add_parser(subparsers)
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_parser(benchmarks)
     ui_stall.add_parser(benchmarks)
     serve_bench.add_parser(benchmarks)
+    cpu_buffers.add_parser(benchmarks)
     dev = subparsers.add_parser("dev", help="developer tools")
     tools = dev.add_subparsers(dest="tool", metavar="TOOL", required=True)
     from app.hardware import synthetic_gguf

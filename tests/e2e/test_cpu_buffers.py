@@ -116,3 +116,25 @@ def test_llama_helper_loads_with_the_verdict(model_path):
         llm.close()
     assert seen == [False]
     assert llama_cpp.llama_cpp.llama_model_default_params is original
+
+
+def test_bench_reports_each_policy_side_by_side(stoke_home: Path, tmp_path: Path):
+    report_path = tmp_path / "report.json"
+    command = [sys.executable, "-m", "app", "bench", "cpu-buffers", "--rounds", "1"]
+    command += ["--prompt", "32", "--decode", "4", "--json", str(report_path)]
+    done = subprocess.run(
+        command,
+        env={**os.environ, "STOKE_HOME": str(stoke_home)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(report_path.read_text())
+    rows = {(r["model"], r["policy"]): r for r in report["rows"]}
+    policies = {"none", "all"} | ({"no-amx"} if "AMX" in report["extra_types"] else set())
+    assert {p for _, p in rows} == policies and {m for m, _ in rows} == {"Q4_1 (default)", "Q4_0"}
+    for row in rows.values():
+        if "error" not in row:
+            assert row["prompt_tok_s"] > 0 and row["decode_tok_s"] > 0
+    assert rows[("Q4_0", "none")]["buffers"] and "| Q4_0 | all |" in done.stdout
