@@ -12,6 +12,7 @@ created raises `ReadOnlyError`, whose message says so in words.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -132,19 +133,27 @@ def read_only_folders() -> list[tuple[str, Path]]:
     return found
 
 
-def write_private(path: Path, text: str) -> None:
-    """Replace `path` with `text` (0600) through a temp file and a rename, so a crash or a
-    full disk never leaves half a file and the old one stays until the new one is complete."""
+def write_private(path: Path, data: str | bytes) -> None:
+    """Replace `path` with `data` (0600) through a temp file and a rename, so a crash or a
+    full disk never leaves half a file and the old one stays until the new one is complete;
+    the folder is synced too, so the rename itself survives a power cut."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    with contextlib.suppress(OSError):  # folders cannot be opened everywhere (Windows)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 def keep_aside(path: Path) -> Path:

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from app import paths
 from app.engine.protocol import LoadOptions
-from app.fileio import write_atomic
 
 CHANGES = "no extra CPU buffer types, no flash attention"  # what `conservative` turns off
 RECORDS_FILE = "engine-safe-mode.json"
@@ -100,4 +99,4 @@ class SafeModeRecords:
             "recorded_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
         with contextlib.suppress(OSError):  # a cache: failing to write costs one more crash
-            write_atomic(self.path, json.dumps(records, indent=2))
+            paths.write_private(self.path, json.dumps(records, indent=2))

@@ -37,7 +37,6 @@ import llama_cpp
 from app import paths
 from app.engine.llamacpp import ggml
 from app.engine.safe_mode import cpu_identity
-from app.fileio import write_atomic
 
 POLICIES = ("all", "no-amx", "none")  # most to least capable
 CACHE_FILE = "cpu-buffers.json"
@@ -220,7 +219,7 @@ def _write_cache(path: Path, key: str, verdict: Verdict) -> None:
     entry["source"] = "probe"
     verdicts[key] = entry
     with contextlib.suppress(OSError):  # unwritable cache: the probe runs again next time
-        write_atomic(path, json.dumps({"format": _FORMAT, "verdicts": verdicts}, indent=2))
+        paths.write_private(path, json.dumps({"format": _FORMAT, "verdicts": verdicts}, indent=2))
 
 
 def _decide() -> Verdict:

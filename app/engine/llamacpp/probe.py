@@ -37,7 +37,7 @@ def write_probe_model(path: Path) -> None:
     from gguf import GGUFWriter
     from gguf.quants import quantize
 
-    from app.fileio import write_atomic
+    from app import paths
 
     rng = np.random.default_rng(20261201)
     tmp = path.with_suffix(".writing")
@@ -78,7 +78,7 @@ def write_probe_model(path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    write_atomic(path, tmp.read_bytes())
+    paths.write_private(path, tmp.read_bytes())
     tmp.unlink()
 
 
