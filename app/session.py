@@ -1,22 +1,33 @@
 """One chat turn, end to end: store the message, build the exact prompt, stream and save.
 
-The order is what keeps promises: the user's message is committed before the engine sees
-it; the reply is saved while it streams (every `SAVE_INTERVAL_S`), so a crash leaves it
-marked interrupted, never lost; and the prompt comes from the conversation's Transcript,
-so each turn appends to the tokens the engine already holds. The CLI and the window both
-drive turns through ChatSession; it knows nothing of terminals or Qt.
+The order is what keeps promises: a turn first holds its conversation (another process's
+turn on it is waited for, so turns never interleave); the user's message is committed
+before the engine is waited for or even started; the reply is saved while it streams (every
+`SAVE_INTERVAL_S`), so a crash leaves it marked interrupted, never lost, and a full disk
+leaves it in memory until there is room; and the prompt comes from the conversation's
+Transcript, so each turn appends to the tokens the engine already holds. The CLI and the
+window both drive turns through ChatSession; it knows nothing of terminals or Qt.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from app.conversations import Conversation, ConversationStore, Message
+from app.conversations import (
+    Conversation,
+    ConversationBusyError,
+    ConversationStore,
+    Message,
+    StoreError,
+    StoreFullError,
+)
 from app.engine.chat_template import ChatTemplate
-from app.engine.host import EngineClient, EngineCrashedError, Generation
+from app.engine.host import EngineClient, EngineCrashedError, EngineState, Generation
 from app.engine.protocol import (
     ContextOverflowError,
     EngineError,
@@ -29,6 +40,7 @@ from app.engine.protocol import (
 from app.engine.transcript import Transcript, Turn
 
 SAVE_INTERVAL_S = 0.1
+TURN_POLL_S = 0.1  # how often a turn waiting on another process's turn looks again
 DEFAULT_MAX_TOKENS = 1024
 REPLY_ROOM = 0.25  # share of the context kept free for the reply when dropping old turns
 
@@ -36,6 +48,15 @@ REPLY_ROOM = 0.25  # share of the context kept free for the reply when dropping 
 class EmptyMessageError(EngineError):
     def __init__(self) -> None:
         super().__init__("The message is empty. Type something to send.")
+
+
+class ReplyNotSavedError(StoreError):
+    """The disk filled up under a reply. The session keeps the reply and writes it before its
+    next turn; `reply` carries the text so it can also be shown to copy."""
+
+    def __init__(self, full: StoreFullError, reply: str) -> None:
+        super().__init__(f"{full} The reply could not be saved yet.")
+        self.reply = reply
 
 
 @dataclass(frozen=True)
@@ -100,6 +121,8 @@ class ChatSession:
         self.engine = engine
         self._transcripts: dict[str, _Cached] = {}  # by conversation id
         self._active: Generation | None = None
+        self._unsaved: dict[str, dict[str, Any]] = {}  # reply id -> the write a full disk refused
+        self._stop_waiting = False
 
     @property
     def info(self) -> ModelInfo:
@@ -108,7 +131,9 @@ class ChatSession:
         return self.engine.info
 
     def cancel(self) -> None:
-        """Stop the reply being generated, if any; it is kept and marked interrupted."""
+        """Stop the reply being generated, if any (it is kept and marked interrupted), or stop
+        waiting for another process's turn."""
+        self._stop_waiting = True
         if self._active is not None:
             self._active.cancel()
 
@@ -124,16 +149,20 @@ class ChatSession:
         on_token: OnToken | None = None,
         on_start: OnStart | None = None,
     ) -> TurnResult:
-        """Add a user message (after `parent_id`, default the current leaf) and reply to it."""
-        conversation = self.store.get_conversation(conversation_id)
-        return await self._post(
-            conversation,
-            conversation.current_leaf_id if parent_id is None else parent_id,
-            text,
-            drop_oldest=drop_oldest,
-            on_token=on_token,
-            on_start=on_start,
-        )
+        """Add a user message (after `parent_id`, default the current leaf, read as it is
+        written) and reply to it. The message is on disk before the engine is waited for."""
+        kwargs: dict[str, Any] = {
+            "drop_oldest": drop_oldest,
+            "on_token": on_token,
+            "on_start": on_start,
+        }
+        if not text.strip():
+            raise EmptyMessageError()
+        async with self._turn(conversation_id) as conversation:
+            if parent_id is not None:
+                return await self._post(conversation, parent_id, text, **kwargs)
+            user = self.store.append_user_message(conversation.id, text)
+            return await self._reply(conversation, user, **kwargs)
 
     async def _post(
         self, conversation: Conversation, parent_id: str | None, text: str, **kwargs: Any
@@ -141,12 +170,12 @@ class ChatSession:
         """A user message after `parent_id` (None: a first message), then its reply."""
         if not text.strip():
             raise EmptyMessageError()
-        user = self._unanswered(conversation.id, parent_id, text) or self.store.add_message(
+        user = self._unanswered(parent_id, text) or self.store.add_message(
             conversation.id, parent_id, "user", text
         )
         return await self._reply(conversation, user, **kwargs)
 
-    def _unanswered(self, conversation_id: str, leaf_id: str | None, text: str) -> Message | None:
+    def _unanswered(self, leaf_id: str | None, text: str) -> Message | None:
         """The same message sent again after a turn that never started (context full):
         answer the stored one instead of adding a twin."""
         if leaf_id is None:
@@ -161,26 +190,56 @@ class ChatSession:
         old = self.store.get_message(user_message_id)
         if old.role != "user":
             raise EngineError("Only your own messages can be edited.")
-        conversation = self.store.get_conversation(old.conversation_id)
-        return await self._post(conversation, old.parent_id, text, **kwargs)
+        async with self._turn(old.conversation_id) as conversation:
+            return await self._post(conversation, old.parent_id, text, **kwargs)
 
     async def regenerate(self, reply_message_id: str, **kwargs: Any) -> TurnResult:
         """A new reply beside an old one, to the same user message."""
         old = self.store.get_message(reply_message_id)
         if old.role != "assistant" or old.parent_id is None:
             raise EngineError("Only a reply can be regenerated.")
-        conversation = self.store.get_conversation(old.conversation_id)
-        user = self.store.get_message(old.parent_id)
-        return await self._reply(conversation, user, **kwargs)
+        async with self._turn(old.conversation_id) as conversation:
+            user = self.store.get_message(old.parent_id)
+            return await self._reply(conversation, user, **kwargs)
 
     async def continue_reply(self, reply_message_id: str, **kwargs: Any) -> TurnResult:
         """Carry on an interrupted reply where it stopped: same message, more tokens."""
         old = self.store.get_message(reply_message_id)
         if old.role != "assistant" or old.status != "interrupted" or old.parent_id is None:
             raise EngineError("Only an interrupted reply can be continued.")
-        conversation = self.store.get_conversation(old.conversation_id)
-        user = self.store.get_message(old.parent_id)
-        return await self._reply(conversation, user, continuing=old, **kwargs)
+        async with self._turn(old.conversation_id) as conversation:
+            user = self.store.get_message(old.parent_id)
+            return await self._reply(conversation, user, continuing=old, **kwargs)
+
+    @asynccontextmanager
+    async def _turn(self, conversation_id: str) -> AsyncIterator[Conversation]:
+        """Hold the conversation for one turn, so turns of several processes (window, CLI,
+        scripts) take their turns instead of interleaving; yields the conversation as it is
+        once held. `cancel` stops the wait."""
+        self._save_unsaved()
+        self._stop_waiting = False
+        while (holder := self.store.claim_turn(conversation_id)) is not None:
+            if self._stop_waiting:
+                raise ConversationBusyError(holder or None)
+            await asyncio.sleep(TURN_POLL_S)
+        try:
+            yield self.store.get_conversation(conversation_id)
+        finally:
+            with suppress(StoreError):  # a full disk: closing the store gives it back too
+                self.store.release_turn(conversation_id)
+
+    def _save_unsaved(self) -> None:
+        """Write the replies a full disk refused; while there is still no room this raises
+        the full-disk error, so no turn starts on top of a reply not yet written."""
+        for reply_id, update in list(self._unsaved.items()):
+            self.store.update_message(reply_id, **update)
+            del self._unsaved[reply_id]
+
+    async def _engine_ready(self) -> ModelInfo:
+        """The loaded engine; one not started yet is started now, after the message is saved."""
+        if self.engine.state == EngineState.STOPPED:
+            return await self.engine.start()
+        return await self.engine.ready()
 
     async def _reply(
         self,
@@ -192,7 +251,7 @@ class ChatSession:
         on_token: OnToken | None = None,
         on_start: OnStart | None = None,
     ) -> TurnResult:
-        info = await self.engine.ready()
+        info = await self._engine_ready()
         history = self.store.path_to(user.id)
         transcript, dropped = self._fit(conversation, history, info, drop_oldest=drop_oldest)
         prompt = transcript.prompt()
@@ -256,8 +315,16 @@ class ChatSession:
         tokens: list[int] = list(before.tokens)
         saved_at = time.monotonic()
 
-        def save(**fields: Any) -> None:
-            self.store.update_message(reply.id, content="".join(pieces), token_ids=tokens, **fields)
+        def save(**fields: Any) -> StoreFullError | None:
+            """Write the reply so far; on a full disk keep the write for later and say so."""
+            update = {"content": "".join(pieces), "token_ids": list(tokens), **fields}
+            try:
+                self.store.update_message(reply.id, **update)
+            except StoreFullError as full:
+                self._unsaved[reply.id] = update
+                return full
+            self._unsaved.pop(reply.id, None)
+            return None
 
         try:
             self._active = await self.engine.generate(prompt, sampling, max_tokens, slot=slot)
@@ -281,11 +348,13 @@ class ChatSession:
         stats = generation.stats
         cancelled = stats is not None and stats.finish_reason == FinishReason.CANCELLED
         status = "interrupted" if cancelled else "complete"
-        save(
+        full = save(
             status=status,
             finish_reason=str(stats.finish_reason) if stats else None,
             stats=stats.as_dict() if stats else None,
         )
+        if full is not None:
+            raise ReplyNotSavedError(full, "".join(pieces))
         return "".join(pieces), tokens, stats, status
 
     # -- prompts --

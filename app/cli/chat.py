@@ -27,7 +27,7 @@ from app.engine.remote import MODES
 from app.models import load_settings
 from app.models.default import default_model_path
 from app.remote_config import remote_options
-from app.session import ChatSession, TurnResult
+from app.session import ChatSession, ReplyNotSavedError, TurnResult
 from app.settings import Settings
 
 LOAD_FIELDS = {f.name for f in fields(LoadOptions)} - {"model_path"}
@@ -131,11 +131,8 @@ class UserError(Exception):
 def run(args: argparse.Namespace) -> int:
     try:
         with ConversationStore.open() as store:
-            if store.recovered_from is not None:
-                _warn(
-                    f"The conversation database was damaged; it was moved to "
-                    f"{store.recovered_from} and a new one was started."
-                )
+            for notice in store.notices:
+                _warn(notice)
             if args.list:
                 _print_list(store)
                 return 0
@@ -155,8 +152,7 @@ async def _run(args: argparse.Namespace, store: ConversationStore) -> int:
     try:
         if args.message is None and not sys.stdin.isatty() and not args.json:
             args.message = sys.stdin.read()
-        if args.message is not None:
-            await client.start()
+        if args.message is not None:  # the session starts the engine once this is saved
             result = await session.send(
                 conversation.id,
                 args.message,
@@ -354,6 +350,8 @@ def _fail(args: argparse.Namespace, exc: Exception) -> int:
         error: dict[str, object] = {"error": str(exc), "kind": type(exc).__name__}
         if isinstance(exc, ContextOverflowError):
             error.update(prompt_tokens=exc.prompt_tokens, n_ctx=exc.n_ctx)
+        if isinstance(exc, ReplyNotSavedError):  # this process ends: hand the text over
+            error["reply"] = exc.reply
         print(json.dumps(error, ensure_ascii=False))
     else:
         print(f"stoke: {exc}", file=sys.stderr)

@@ -1,9 +1,11 @@
 """The conversation store: conversations, message trees, token-exact replies, search."""
 
 from app.conversations.errors import (
+    ConversationBusyError,
     CorruptDatabaseError,
     NewerSchemaError,
     StoreError,
+    StoreFullError,
     StoreLockedError,
     UnknownConversationError,
     UnknownMessageError,
@@ -13,6 +15,7 @@ from app.conversations.store import ConversationStore
 
 __all__ = [
     "Conversation",
+    "ConversationBusyError",
     "ConversationStore",
     "CorruptDatabaseError",
     "Message",
@@ -21,6 +24,7 @@ __all__ = [
     "SearchHit",
     "Status",
     "StoreError",
+    "StoreFullError",
     "StoreLockedError",
     "UnknownConversationError",
     "UnknownMessageError",

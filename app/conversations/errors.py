@@ -42,7 +42,31 @@ class CorruptDatabaseError(StoreError):
         self.path = path
         super().__init__(
             f"The conversation database {path} is damaged ({reason}). "
-            "Restart Stoke: it will set the damaged file aside and start a fresh one."
+            "Restart Stoke: it will set the damaged file aside and recover what it can."
+        )
+
+
+class StoreFullError(StoreError):
+    """The disk under the database has no room; says how much to free and where."""
+
+    def __init__(self, path: Path, needed_mb: int) -> None:
+        self.path = path
+        self.needed_mb = needed_mb
+        super().__init__(
+            f"The disk is full: free {needed_mb} MB on the disk that holds {path.parent} "
+            "(where Stoke keeps your conversations), then try again."
+        )
+
+
+class ConversationBusyError(StoreError):
+    """Another process's turn holds the conversation and this one stopped waiting for it."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        who = f"Another Stoke (process {pid})" if pid else "Another Stoke"
+        super().__init__(
+            f"{who} is replying in this conversation, so your message was not sent. "
+            "Send it again when that reply has ended."
         )
 
 

@@ -84,9 +84,17 @@ INSERT INTO titles_fts(title, conversation_id) SELECT title, id FROM conversatio
     WHERE title IS NOT NULL;
 """
 
+# Who writes: the lease (app/conversations/leases.py) of the process streaming a reply, and
+# of the process whose turn holds a conversation; NULL when nobody does.
+_V3_WRITERS = """
+ALTER TABLE messages ADD COLUMN writer TEXT;
+ALTER TABLE conversations ADD COLUMN writer TEXT;
+"""
+
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1_TABLES),
     (2, _V2_SEARCH),
+    (3, _V3_WRITERS),
 )
 LATEST = MIGRATIONS[-1][0]
 

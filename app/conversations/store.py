@@ -2,30 +2,37 @@
 
 Storage only: it knows nothing of engines or Qt. Every method commits before it returns, so
 what the user typed or the model said is on disk as soon as the call is done.
+
+Several processes may open one database at once (the window, `stoke chat`, scripts): each
+store holds a lease (leases.py), a streaming reply and a turn in progress name the lease of
+their writer, and only what a gone writer left is ever marked interrupted or taken over.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import shutil
 import sqlite3
 import sys
 import time
 import uuid
 from array import array
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import fields
 from pathlib import Path
 from types import TracebackType
 from typing import Any, get_args
 
 from app import paths
-from app.conversations import schema
+from app.conversations import leases, repair, schema
 from app.conversations.errors import (
     CorruptDatabaseError,
     NewerSchemaError,
     StoreError,
+    StoreFullError,
     StoreLockedError,
     UnknownConversationError,
     UnknownMessageError,
@@ -43,32 +50,62 @@ _MESSAGE_COLUMNS = ", ".join(f"m.{name}" for name in _MESSAGE_FIELDS)
 _ID_PREFIX = re.compile(r"[0-9a-f]{4,32}")
 _LOCKED_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+_MB = 1 << 20
+_LOW_ROOM = _MB  # an I/O error with less free than this is a full disk
 
 
 class ConversationStore:
     """One open conversation database. Use `ConversationStore.open`, ideally in a `with`.
 
     `recovered_from` names the backup when open found the database damaged and moved it
-    aside, so the caller can tell the user; it is None otherwise.
+    aside; `notices` holds what the user should be told about that (what was recovered, a
+    damaged log kept aside), as sentences to show as they are.
     """
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, recovered_from: Path | None) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        recovered_from: Path | None,
+        lease: leases.Lease | None,
+        notices: list[str],
+    ) -> None:
         self._conn = conn
         self.path = path
         self.recovered_from = recovered_from
+        self.notices = notices
+        self._lease = lease
+        self._leases = leases.folder_of(path)
 
     @classmethod
     def open(cls, path: Path | None = None, *, busy_timeout: float = 3.0) -> ConversationStore:
-        """Open (creating or migrating) the database; replies cut off by a crash become
-        'interrupted'. A damaged file is moved aside, never deleted, and a fresh one started."""
+        """Open (creating or migrating) the database; replies cut off by a writer that is gone
+        become 'interrupted'. A damaged file is moved aside, never deleted, and what can still
+        be read of it is copied into a fresh one."""
         path = Path(path) if path is not None else paths.database_path()
+        _make_folder(path)
+        lease = leases.Lease.take(path)
+        notices: list[str] = []
         recovered_from = None
         try:
-            conn = _connect(path, busy_timeout)
-        except CorruptDatabaseError:
-            recovered_from = _move_aside(path)
-            conn = _connect(path, busy_timeout)
-        store = cls(conn, path, recovered_from)
+            if not leases.others_alive(leases.folder_of(path), lease):  # nobody read the log yet
+                wal_copy = _keep_damaged_wal(path)
+                if wal_copy is not None:
+                    notices.append(
+                        "Part of the conversation database's log was damaged, so the last "
+                        f"changes may be missing; a copy of the log was kept at {wal_copy}."
+                    )
+            try:
+                conn = _connect(path, busy_timeout)
+            except CorruptDatabaseError:
+                recovered_from = _move_aside(path)
+                conn = _connect(path, busy_timeout)
+                notices.append(_salvaged(path, recovered_from, conn))
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        store = cls(conn, path, recovered_from, lease, notices)
         try:
             store.recover_interrupted()
         except BaseException:
@@ -77,7 +114,19 @@ class ConversationStore:
         return store
 
     def close(self) -> None:
-        self._conn.close()
+        """Give back this store's turns and lease: what it left streaming is now a gone
+        writer's, for the next opener to mark interrupted."""
+        try:
+            if self._lease is not None:
+                with suppress(sqlite3.Error):
+                    self._conn.execute(
+                        "UPDATE conversations SET writer = NULL WHERE writer = ?", (self._lease.id,)
+                    )
+        finally:
+            self._conn.close()
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
 
     def __enter__(self) -> ConversationStore:
         return self
@@ -232,31 +281,73 @@ class ConversationStore:
                 created_at=now,
                 updated_at=now,
             )
-            title = self._auto_title(full_id, message)
-            self._conn.execute(
-                f"INSERT INTO messages ({', '.join(_MESSAGE_FIELDS)}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    message.id,
-                    full_id,
-                    parent_id,
-                    role,
-                    content,
-                    _pack(token_ids),
-                    tokens_fingerprint,
-                    status,
-                    finish_reason,
-                    _dumps(stats),
-                    now,
-                    now,
-                ),
-            )
-            self._conn.execute(
-                "UPDATE conversations SET current_leaf_id = ?, updated_at = ?, "
-                "title = coalesce(?, title) WHERE id = ?",
-                (message.id, now, title, full_id),
-            )
+            self._insert(message)
         return message
+
+    def append_user_message(self, conversation_id: str, content: str) -> Message:
+        """The user's message after the conversation's current leaf, read and moved in one
+        transaction, so no other writer can slip a message in between. The same text already
+        waiting unanswered at the leaf (a turn that never started) is returned instead of a
+        twin."""
+        now = time.time()
+        with self._transaction():
+            full_id = self._resolve(conversation_id)
+            leaf_id = self._conn.execute(
+                "SELECT current_leaf_id FROM conversations WHERE id = ?", (full_id,)
+            ).fetchone()[0]
+            if leaf_id is not None:
+                leaf = _message(
+                    self._conn.execute(
+                        f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?", (leaf_id,)
+                    ).fetchone()
+                )
+                if leaf.role == "user" and leaf.content == content:
+                    return leaf
+            message = Message(
+                id=uuid.uuid4().hex,
+                conversation_id=full_id,
+                parent_id=leaf_id,
+                role="user",
+                content=content,
+                token_ids=None,
+                tokens_fingerprint=None,
+                status="complete",
+                finish_reason=None,
+                stats=None,
+                created_at=now,
+                updated_at=now,
+            )
+            self._insert(message)
+        return message
+
+    def _insert(self, message: Message) -> None:
+        """Add `message` and make it its conversation's current leaf (inside a transaction)."""
+        title = self._auto_title(message.conversation_id, message)
+        writer = self._lease.id if self._lease and message.status == "streaming" else None
+        self._conn.execute(
+            f"INSERT INTO messages ({', '.join(_MESSAGE_FIELDS)}, writer) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                message.id,
+                message.conversation_id,
+                message.parent_id,
+                message.role,
+                message.content,
+                _pack(message.token_ids),
+                message.tokens_fingerprint,
+                message.status,
+                message.finish_reason,
+                _dumps(message.stats),
+                message.created_at,
+                message.updated_at,
+                writer,
+            ),
+        )
+        self._conn.execute(
+            "UPDATE conversations SET current_leaf_id = ?, updated_at = ?, "
+            "title = coalesce(?, title) WHERE id = ?",
+            (message.id, message.updated_at, title, message.conversation_id),
+        )
 
     def update_message(
         self,
@@ -282,6 +373,8 @@ class ConversationStore:
             "stats": _dumps(stats),
         }
         changes = {name: value for name, value in changes.items() if value is not None}
+        if status == "streaming" and self._lease is not None:
+            changes["writer"] = self._lease.id
         changes["updated_at"] = time.time()
         assignments = ", ".join(f"{name} = ?" for name in changes)
         cursor = self._execute(
@@ -360,14 +453,59 @@ class ConversationStore:
         return _message(row)
 
     def recover_interrupted(self) -> int:
-        """Mark replies left 'streaming' by a process that died as 'interrupted' (their text and
-        token ids so far are kept). Returns how many there were."""
+        """Mark replies left 'streaming' by a process that is gone as 'interrupted' (their text
+        and token ids so far are kept); a reply another live process is writing is left alone.
+        Returns how many there were."""
+        writers = [
+            row[0]
+            for row in self._execute(
+                "SELECT DISTINCT writer FROM messages WHERE status = 'streaming'"
+            ).fetchall()
+        ]
+        gone = [w for w in writers if w is None or not self._alive(w)]
+        if not gone:
+            return 0
         cursor = self._execute(
             "UPDATE messages SET status = 'interrupted', finish_reason = 'interrupted', "
-            "updated_at = ? WHERE status = 'streaming'",
-            (time.time(),),
+            "updated_at = ? WHERE status = 'streaming' AND (writer IS NULL OR writer IN "
+            f"({', '.join('?' * len(gone))}))",
+            (time.time(), *gone),
         )
         return cursor.rowcount
+
+    # Turns: one writer per conversation at a time
+
+    def claim_turn(self, conversation_id: str) -> int | None:
+        """Take the conversation for one turn (its user message through its reply). Returns
+        None when taken, else the pid of the live process whose turn holds it (0 if unknown);
+        a turn whose process is gone is taken over, its streaming reply marked interrupted."""
+        with self._transaction():
+            full_id = self._resolve(conversation_id)
+            holder = self._conn.execute(
+                "SELECT writer FROM conversations WHERE id = ?", (full_id,)
+            ).fetchone()[0]
+            mine = self._lease.id if self._lease else None
+            if holder is not None and holder != mine and self._alive(holder):
+                return leases.pid_of(holder) or 0
+            self._conn.execute("UPDATE conversations SET writer = ? WHERE id = ?", (mine, full_id))
+        if holder is not None and holder != mine:
+            self.recover_interrupted()
+        return None
+
+    def release_turn(self, conversation_id: str) -> None:
+        """End this store's turn on the conversation, if it holds one."""
+        if self._lease is None:
+            return
+        full_id = self._resolve(conversation_id)
+        self._execute(
+            "UPDATE conversations SET writer = NULL WHERE id = ? AND writer = ?",
+            (full_id, self._lease.id),
+        )
+
+    def _alive(self, lease_id: str) -> bool:
+        return (self._lease is not None and lease_id == self._lease.id) or leases.is_alive(
+            self._leases, lease_id
+        )
 
     # Search
 
@@ -461,13 +599,46 @@ class ConversationStore:
         return _title_from(message.content) if row[0] else None
 
 
-def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+def _make_folder(path: Path) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as error:
         raise StoreError(
             f"Cannot create the folder of the conversation database {path}: {error}"
         ) from error
+
+
+def _keep_damaged_wal(path: Path) -> Path | None:
+    try:
+        return repair.keep_damaged_wal(path)
+    except OSError as error:
+        raise StoreError(
+            f"The conversation database's log {path}-wal is damaged, and a copy of it could "
+            f"not be kept ({error.strerror}). Free some room there and start Stoke again."
+        ) from error
+
+
+def _salvaged(path: Path, backup: Path, conn: sqlite3.Connection) -> str:
+    """Copy what `backup` still holds into the fresh database; the sentence that says so."""
+    with _translated(path):
+        conversations, messages = repair.salvage(backup, conn)
+    if messages == 0 and conversations == 0:
+        return (
+            f"The conversation database was damaged and nothing in it could be recovered; "
+            f"it was moved to {backup} and a new one was started."
+        )
+    return (
+        f"The conversation database was damaged; it was moved to {backup}, and "
+        f"{_count(conversations, 'conversation')} and {_count(messages, 'message')} were "
+        "recovered from it into a new one."
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
     _check_health(path, busy_timeout)
     with _translated(path):
         conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
@@ -512,6 +683,8 @@ def _translated(path: Path) -> Iterator[None]:
             raise StoreLockedError(path) from error
         if code in _CORRUPT_CODES:
             raise CorruptDatabaseError(path, str(error)) from error
+        if code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_IOERR and _low_room(path)):
+            raise StoreFullError(path, _room_to_free(path)) from error
         if code in {
             sqlite3.SQLITE_CANTOPEN,
             sqlite3.SQLITE_READONLY,
@@ -521,6 +694,23 @@ def _translated(path: Path) -> Iterator[None]:
         }:
             raise StoreError(f"Cannot use the conversation database {path}: {error}") from error
         raise
+
+
+def _low_room(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(path.parent).free < _LOW_ROOM
+    except OSError:
+        return False
+
+
+def _room_to_free(path: Path) -> int:
+    """MB to free: enough for the log to grow and be folded back into the database, with a
+    margin, and never a token amount."""
+    size = 0
+    for suffix in ("", "-wal"):
+        with suppress(OSError):
+            size += Path(f"{path}{suffix}").stat().st_size
+    return max(50, math.ceil(size / 10 / _MB))
 
 
 def _move_aside(path: Path) -> Path:

@@ -43,11 +43,8 @@ async def open_window(
     window = MainWindow(session, window_settings())
     if theme:
         window.apply_theme(theme)
-    if store.recovered_from is not None:
-        window.banner.show_message(
-            f"The conversation database was damaged; it was moved to {store.recovered_from} "
-            "and a new one was started.",
-        )
+    if store.notices:
+        window.banner.show_message(" ".join(store.notices))
     window.restore_state()
     if conversation:
         window.open_conversation(store.get_conversation(conversation).id)

@@ -80,7 +80,7 @@ def test_database_locked():
     holder = sqlite3.connect(paths.database_path())
     holder.execute("BEGIN EXCLUSIVE")
     try:
-        done = stoke("chat", "--list")
+        done = stoke("chat", "--new", "--message", "hi")  # writes (a listing only reads)
     finally:
         holder.rollback()
         holder.close()
