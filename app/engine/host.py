@@ -54,6 +54,10 @@ __all__ = ["EngineClient", "EngineCrashedError", "EngineState", "Generation", "P
 StateListener = Callable[[EngineState, str], None]
 NoticeListener = Callable[[str], None]
 _DECODES = ("generate", "prefill")
+# Deaths by these signals are the runtime's own faults, worth a conservative retry.
+_CRASH_SIGNALS = frozenset(
+    int(s) for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT)
+)
 SHUTDOWN_S = 60.0  # a clean exit writes snapshots of resident conversations first
 
 
@@ -498,7 +502,7 @@ class EngineClient:
         decoding = [p for p in self._pending.values() if p.untouched_decode()]
         if (
             exitcode is None
-            or exitcode >= 0
+            or -exitcode not in _CRASH_SIGNALS  # SIGKILL is the OOM killer or a user
             or not self._first_decode
             or not decoding
             or self._safe

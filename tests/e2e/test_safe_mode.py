@@ -109,3 +109,36 @@ def test_cli_turn_completes_with_a_one_line_notice(stoke_home: Path):
     assert plain.returncode == 0, plain.stdout + plain.stderr
     notices = [line for line in plain.stderr.splitlines() if "conservative settings" in line]
     assert len(notices) == 1 and "crashed on this machine before" in notices[0]
+
+
+def test_a_kill_in_the_first_decode_is_not_taken_for_a_runtime_fault(
+    store: ConversationStore, model_path, run
+):
+    """SIGKILL (the OOM killer, a user) says nothing about buffer types: no safe mode."""
+
+    async def scenario():
+        client = EngineClient(LoadOptions(model_path, n_ctx=2048), backend="llama.cpp")
+        notices: list[str] = []
+        client.add_notice_listener(notices.append)
+
+        def kill_at_start(state: EngineState, _detail: str) -> None:
+            if state == EngineState.GENERATING and client.pid and not killed:
+                killed.append(client.pid)
+                os.kill(client.pid, signal.SIGKILL)
+
+        killed: list[int] = []
+        client.add_state_listener(kill_at_start)
+        await client.start()
+        session = ChatSession(store, client)
+        conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 8})
+        try:
+            with pytest.raises(EngineCrashedError) as crash:
+                await session.send(conversation.id, "Name three colours.")
+            return crash.value, notices, client.launch_options
+        finally:
+            await client.close()
+
+    crash, notices, launched = run(scenario())
+    assert "SIGKILL" in str(crash) and notices == []
+    assert not safe_mode.is_conservative(launched)
+    assert safe_mode.SafeModeRecords().lookup("llama.cpp", model_path) is None
