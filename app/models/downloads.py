@@ -473,10 +473,8 @@ class Downloads:
             for job_id in self._removed:
                 merged.pop(job_id, None)
             merged.update({job.id: job.to_dict() for job in self._jobs.values()})
-            tmp = self._state_path.with_name(".downloads.json.tmp")
             payload = {"version": _STATE_VERSION, "downloads": list(merged.values())}
-            tmp.write_text(json.dumps(payload, indent=2), "utf-8")
-            os.replace(tmp, self._state_path)
+            paths.write_private(self._state_path, json.dumps(payload, indent=2))
 
     # starting
 
