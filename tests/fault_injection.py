@@ -131,14 +131,17 @@ def _engines(pid: int) -> list[int]:
     return found
 
 
+def _turn_process(trial: Trial, conversation: str, n: int, **popen: Any) -> subprocess.Popen:
+    """A one-shot `stoke chat` turn, running."""
+    command = [sys.executable, "-m", "app", "chat", "-c", conversation, "-m", ASK.format(n=n)]
+    return subprocess.Popen(
+        [*command, "--json"], cwd=REPO, env=trial.env, stderr=subprocess.DEVNULL, **popen
+    )
+
+
 def app_fault(trial: Trial, conversation: str, n: int) -> dict[str, Any]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "chat", "-c", conversation, "-m", ASK.format(n=n), "--json"],
-        cwd=REPO,
-        env=trial.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    process = _turn_process(
+        trial, conversation, n, stdout=subprocess.DEVNULL, start_new_session=True
     )
     delay = trial.rng.uniform(0.0, trial.turn_s * 1.5)
     time.sleep(delay)
@@ -150,14 +153,7 @@ def app_fault(trial: Trial, conversation: str, n: int) -> dict[str, Any]:
 
 
 def engine_fault(trial: Trial, conversation: str, n: int) -> dict[str, Any]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "chat", "-c", conversation, "-m", ASK.format(n=n), "--json"],
-        cwd=REPO,
-        env=trial.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    process = _turn_process(trial, conversation, n, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not _engines(process.pid) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
