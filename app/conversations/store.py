@@ -288,7 +288,7 @@ class ConversationStore:
         """The user's message after the conversation's current leaf, read and moved in one
         transaction, so no other writer can slip a message in between. The same text already
         waiting unanswered at the leaf (a turn that never started) is returned instead of a
-        twin."""
+        twin; other text after an unanswered message follows an empty interrupted reply."""
         now = time.time()
         with self._transaction():
             full_id = self._resolve(conversation_id)
@@ -303,6 +303,8 @@ class ConversationStore:
                 )
                 if leaf.role == "user" and leaf.content == content:
                     return leaf
+                if leaf.role == "user":
+                    leaf_id = self._insert_no_reply(leaf, now)
             message = Message(
                 id=uuid.uuid4().hex,
                 conversation_id=full_id,
@@ -319,6 +321,27 @@ class ConversationStore:
             )
             self._insert(message)
         return message
+
+    def _insert_no_reply(self, user: Message, now: float) -> str:
+        """An empty interrupted reply under a user message that never got one (the app died
+        before its reply began, or the context was full), so the tree keeps alternating, the
+        next prompt says no answer came, and Continue can still answer it. Its id."""
+        gap = Message(
+            id=uuid.uuid4().hex,
+            conversation_id=user.conversation_id,
+            parent_id=user.id,
+            role="assistant",
+            content="",
+            token_ids=None,
+            tokens_fingerprint=None,
+            status="interrupted",
+            finish_reason="no reply",
+            stats=None,
+            created_at=now,
+            updated_at=now,
+        )
+        self._insert(gap)
+        return gap.id
 
     def _insert(self, message: Message) -> None:
         """Add `message` and make it its conversation's current leaf (inside a transaction)."""

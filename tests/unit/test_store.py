@@ -468,3 +468,20 @@ def test_locked_database(db: Path) -> None:
         other.close()
         store.rename(c, "x")
         assert store.get_conversation(c).title == "x"
+
+
+def test_a_message_after_an_unanswered_one_keeps_the_tree_alternating(
+    store: ConversationStore,
+) -> None:
+    """The app died after committing a message and before its reply began (the fault
+    injection run found it): the next, different message follows an empty interrupted reply,
+    never the unanswered user message itself; the same text again is still the same message."""
+    conversation = store.create_conversation()
+    first = store.append_user_message(conversation.id, "Name three colours.")
+    assert store.append_user_message(conversation.id, "Name three colours.").id == first.id
+    second = store.append_user_message(conversation.id, "Are you there?")
+    path = store.current_path(conversation.id)
+    assert [m.role for m in path] == ["user", "assistant", "user"]
+    gap = path[1]
+    assert (gap.content, gap.status, gap.finish_reason) == ("", "interrupted", "no reply")
+    assert path[0].id == first.id and path[2].id == second.id and gap.parent_id == first.id
