@@ -1,0 +1,391 @@
+"""The slot engine both local runtimes share: resident conversations, prefix sync, snapshots,
+prefill and the generate loop.
+
+A slot is one conversation's KV sequence and the exact tokens it holds. All slots together
+stay within `n_ctx` tokens and `n_seq_max` sequences; when room is needed the least recently
+used one is snapshotted into `KVStore`'s RAM and disk tiers and dropped. A prompt is synced to
+the longest prefix among its own sequence, the other resident sequences (where the runtime
+can copy a prefix) and the snapshots, so only the rest is evaluated.
+
+That policy is written once, here. A runtime (llama.cpp, MLX) subclasses `SlotEngine` and
+supplies a handful of hooks (new slot, trim, serialize, deserialize, forward, sample, and
+optionally copying a prefix between sequences), so that every decoding strategy built on
+them (speculative decoding next) is written once for both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from app.engine.kvstore import KVStore
+from app.engine.protocol import (
+    CancelToken,
+    ContextOverflowError,
+    EngineError,
+    FinishReason,
+    GenerationEvent,
+    GenerationStats,
+    LoadOptions,
+    ModelInfo,
+    SamplingParams,
+    TokenEvent,
+)
+
+RESTORE_MIN_GAIN = 32  # tokens a snapshot or another sequence must add to be worth copying
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens two sequences share from the start."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass(kw_only=True)
+class Slot:
+    """One conversation's sequence: the exact tokens its KV holds (runtimes add the handle)."""
+
+    tokens: list[int] = field(default_factory=list)
+    saved: list[int] = field(default_factory=list)  # the tokens of its last snapshot
+
+
+S = TypeVar("S", bound=Slot)
+
+
+class Draw(Protocol[S]):
+    """One reply's token source on a runtime: its sampler state, and any evaluation it runs
+    ahead of the loop (MLX overlaps the next token's forward with handing this one out)."""
+
+    def next(self, slot: S, last: bool) -> int:
+        """Sample a token from the logits after `slot.tokens`. Unless `last`, it may evaluate
+        the token at once and append it to `slot.tokens`."""
+        ...
+
+    def take_back(self, slot: S) -> None:
+        """The token `next` drew is not kept (end of turn): undo what it evaluated."""
+        ...
+
+    def feed(self, slot: S, token: int) -> None:
+        """Make the logits after the kept `token` ready, unless `next` already did."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SlotEngine(Generic[S]):
+    """The Engine contract's slot, prefill and generate methods over a runtime's hooks.
+
+    Not thread-safe: the engine host serialises calls. A subclass's `load` sets `_options`,
+    `_n_ctx`, `_eog` and `_kv` (through `_open_store`), and `info` last, once all is up.
+    """
+
+    backend_name = ""
+
+    def __init__(self) -> None:
+        self.info: ModelInfo | None = None
+        self._options: LoadOptions | None = None
+        self._n_ctx = 0
+        self._eog: frozenset[int] = frozenset()
+        self._slots: OrderedDict[str, S] = OrderedDict()  # least recently used first
+        self._kv: KVStore | None = None
+        self._trimmable = True  # False: restore only a snapshot the slot can extend
+        self._copies_prefixes = False  # True: `_copy_prefix` shares a resident prefix
+
+    # -- the runtime's hooks ----------------------------------------------------------------
+
+    def _new_slot(self) -> S:
+        """An empty sequence for a new resident conversation (room for it has been made)."""
+        raise NotImplementedError
+
+    def _release(self, slot: S) -> None:
+        """Free the runtime's sequence of an evicted slot (already snapshotted)."""
+
+    def _trim(self, slot: S, keep: int) -> int:
+        """Drop the runtime's KV (and any logits it held) from position `keep` on; returns the
+        position it could keep (0: it started over). `slot.tokens` is cut by the caller."""
+        raise NotImplementedError
+
+    def _has_logits(self, slot: S) -> bool:
+        """Whether the logits after the slot's last token are ready to sample from."""
+        raise NotImplementedError
+
+    def _serialize(self, name: str, slot: S) -> bytes | None:
+        """The slot's KV as snapshot bytes, or None when this runtime cannot save it."""
+        raise NotImplementedError
+
+    def _deserialize(self, payload: bytes, n_tokens: int) -> Any | None:
+        """A snapshot read back, before any slot is touched; None when it does not fit."""
+        raise NotImplementedError
+
+    def _install(self, slot: S, state: Any) -> bool:
+        """Put a deserialized snapshot into the (emptied) slot; False when that failed."""
+        raise NotImplementedError
+
+    def _copy_prefix(self, donor: S, slot: S, n: int) -> None:
+        """Share the donor's first `n` positions with the (emptied) slot."""
+        raise NotImplementedError
+
+    def _forward(self, slot: S, chunk: list[int], *, want_logits: bool) -> None:
+        """Evaluate `chunk` after `slot.tokens` and append it there; with `want_logits`, the
+        logits after its last token become ready."""
+        raise NotImplementedError
+
+    def _draw(self, sampling: SamplingParams, prompt: Sequence[int]) -> Draw[S]:
+        """The sampler of one reply to `prompt`."""
+        raise NotImplementedError
+
+    def _text_stream(self) -> Callable[[int], str]:
+        """Per reply: each token's text as it arrives (multi-byte characters held back)."""
+        raise NotImplementedError
+
+    def _close_runtime(self) -> None:
+        """Free the model and everything the runtime holds for it."""
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def _open_store(
+        self, options: LoadOptions, fingerprint: str, directory: Path | None = None
+    ) -> None:
+        """The snapshot tiers for the loaded model, when the options ask for snapshots."""
+        if options.snapshots:
+            self._kv = KVStore(
+                fingerprint,
+                self.backend_name,
+                ram_budget=options.kv_ram_budget,
+                disk_budget=options.kv_disk_budget,
+                directory=directory,
+            )
+
+    def unload(self) -> None:
+        """Free the model; resident conversations are snapshotted first (an app restart
+        then restores them from disk instead of prefilling)."""
+        if self._kv is not None:
+            for name, slot in self._slots.items():
+                self._save(name, slot)
+            self._kv.close()
+            self._kv = None
+        self._slots.clear()
+        self._close_runtime()
+        self.info = None
+
+    def _require_model(self) -> None:
+        if self.info is None:
+            raise EngineError("No model is loaded.")
+
+    # -- slots: resident conversations, eviction, snapshots -----------------------------------
+
+    def _slot(self, name: str) -> S:
+        """The slot's sequence; a new slot past `n_seq_max` evicts the least recently used."""
+        slot = self._slots.get(name)
+        if slot is None:
+            while self._slots and len(self._slots) >= max(self._options.n_seq_max, 1):
+                self._evict(next(iter(self._slots)))
+            slot = self._new_slot()
+            self._slots[name] = slot
+        self._slots.move_to_end(name)
+        return slot
+
+    def _evict(self, name: str) -> None:
+        """Snapshot a resident conversation, then free its sequence."""
+        slot = self._slots.pop(name)
+        self._save(name, slot)
+        self._release(slot)
+
+    def _clear(self, slot: S, keep: int = 0) -> int:
+        """Drop the slot's KV from position `keep` on; returns what was kept (a sequence that
+        cannot be cut there starts over, or stops at the nearest point it can reach)."""
+        keep = self._trim(slot, keep)
+        del slot.tokens[keep:]
+        return keep
+
+    def _make_room(self, slot: S, n_new: int) -> None:
+        """Keep all resident tokens within n_ctx: evict others, oldest first."""
+        while sum(len(s.tokens) for s in self._slots.values()) + n_new > self._n_ctx:
+            others = [name for name, other in self._slots.items() if other is not slot]
+            if not others:
+                return
+            self._evict(others[0])
+
+    def _save(self, name: str, slot: S) -> int:
+        if self._kv is None or not slot.tokens or slot.saved == slot.tokens:
+            return 0
+        payload = self._serialize(name, slot)
+        if payload is None:
+            return 0
+        self._kv.put(name, slot.tokens, payload)
+        slot.saved = list(slot.tokens)
+        return len(slot.tokens)
+
+    def snapshot(self, slot: str, *, wait: bool = False) -> int:
+        self._require_model()
+        held = self._slots.get(slot)
+        saved = self._save(slot, held) if held is not None else 0
+        if wait and self._kv is not None:
+            self._kv.flush()
+        return saved
+
+    def _restore(self, slot: S, tokens: Sequence[int], live: int) -> bool:
+        """Load the snapshot sharing the longest prefix with `tokens` when it beats the live
+        KV by enough to pay for the copy. A slot that cannot be trimmed only takes a snapshot
+        it can extend. False when none does (or it failed its checks)."""
+        match = self._kv.best(tokens) if self._kv is not None else None
+        if match is None or match.common < live + RESTORE_MIN_GAIN:
+            return False
+        if not self._trimmable and match.common < min(match.n_tokens, len(tokens) - 1):
+            return False
+        snap = self._kv.load(match)
+        state = self._deserialize(snap.payload, len(snap.tokens)) if snap is not None else None
+        if state is None:
+            return False
+        self._clear(slot)
+        self._make_room(slot, len(snap.tokens))
+        if not self._install(slot, state):
+            self._clear(slot)
+            return False
+        slot.tokens = list(snap.tokens)
+        return True
+
+    def _share_live_prefix(self, slot: S, tokens: Sequence[int], own: int) -> int:
+        """Copy the longest prefix another resident sequence holds (where the runtime shares
+        cells this is nearly free); returns the prefix length now in `slot`."""
+        if not self._copies_prefixes:
+            return own
+        best, donor = own, None
+        for other in self._slots.values():
+            common = common_prefix(other.tokens, tokens)
+            if other is not slot and common > best:
+                best, donor = common, other
+        if donor is None or best < own + RESTORE_MIN_GAIN:
+            return own
+        self._clear(slot)
+        self._copy_prefix(donor, slot, best)
+        slot.tokens = list(donor.tokens[:best])
+        return best
+
+    def resident_tokens(self, slot: str) -> list[int]:
+        held = self._slots.get(slot)
+        return list(held.tokens) if held else []
+
+    # -- prefill and generation -------------------------------------------------------------
+
+    def _check_fits(self, n_prompt: int) -> None:
+        if n_prompt >= self._n_ctx:
+            raise ContextOverflowError(n_prompt, self._n_ctx)
+
+    def _sync(
+        self, slot: S, tokens: Sequence[int], cancel: CancelToken | None
+    ) -> tuple[int, int, int]:
+        """Make the slot hold exactly `tokens` with the last token's logits ready.
+
+        The longest prefix wins among the slot itself, the other resident sequences and the
+        RAM and disk snapshots; what diverges is trimmed and only the tail evaluated, in
+        chunks of `n_batch` with a cancel check between them.
+        Returns (reused, restored, prefilled)."""
+        if not tokens:
+            return 0, 0, 0
+        own = common_prefix(slot.tokens, tokens)
+        if own == len(tokens) == len(slot.tokens) and self._has_logits(slot):
+            return own, 0, 0
+        live = self._share_live_prefix(slot, tokens, own)
+        restored = self._restore(slot, tokens, live)
+        keep = min(common_prefix(slot.tokens, tokens), len(tokens) - 1)  # last gives logits
+        keep = self._clear(slot, keep) if keep < len(slot.tokens) else keep
+        tail = list(tokens[keep:])
+        self._make_room(slot, len(tail))
+        n_batch = max(self._options.n_batch, 1)
+        for start in range(0, len(tail), n_batch):
+            if cancel is not None and cancel.cancelled:
+                break
+            chunk = tail[start : start + n_batch]
+            self._forward(slot, chunk, want_logits=start + len(chunk) == len(tail))
+        return keep, keep if restored else 0, len(slot.tokens) - keep
+
+    def prefill(
+        self, tokens: Sequence[int], *, slot: str = "default", cancel: CancelToken | None = None
+    ) -> GenerationStats:
+        self._require_model()
+        self._check_fits(len(tokens))
+        start = time.perf_counter()
+        held = self._slot(slot)
+        reused, restored, prefilled = self._sync(held, tokens, cancel)
+        elapsed = time.perf_counter() - start
+        done = len(held.tokens) == len(tokens)
+        return GenerationStats.timed(
+            prompt_tokens=len(tokens),
+            reused_tokens=reused,
+            prefilled_tokens=prefilled,
+            generated_tokens=0,
+            ttft_s=elapsed,
+            prefill_s=elapsed,
+            decode_s=0.0,
+            finish_reason=FinishReason.PREFILLED if done else FinishReason.CANCELLED,
+            restored_tokens=restored,
+        )
+
+    def generate(
+        self,
+        tokens: Sequence[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        *,
+        slot: str = "default",
+        cancel: CancelToken | None = None,
+    ) -> Iterator[GenerationEvent]:
+        """Sync the prompt, then draw tokens until end of turn, `max_tokens`, a full context
+        or a cancel (checked between tokens). The KV keeps exactly the tokens handed out."""
+        self._require_model()
+        if not tokens:
+            raise EngineError("Nothing to reply to: the prompt is empty.")
+        self._check_fits(len(tokens))
+        start = time.perf_counter()
+        held = self._slot(slot)
+        reused, restored, prefilled = self._sync(held, tokens, cancel)
+        prefill_s = time.perf_counter() - start
+        text = self._text_stream()
+        draw = self._draw(sampling, tokens)
+        generated = 0
+        first_at = last_at = None
+        reason = FinishReason.LENGTH
+        try:
+            while True:
+                if (cancel is not None and cancel.cancelled) or len(held.tokens) < len(tokens):
+                    reason = FinishReason.CANCELLED
+                    break
+                if generated >= max_tokens:
+                    break
+                last = generated + 1 >= max_tokens or len(held.tokens) + 1 >= self._n_ctx
+                token = draw.next(held, last)
+                last_at = time.perf_counter()
+                first_at = first_at or last_at
+                if token in self._eog:
+                    draw.take_back(held)
+                    reason = FinishReason.STOP
+                    break
+                generated += 1
+                yield TokenEvent(token, text(token))
+                if last:
+                    break
+                draw.feed(held, token)
+        finally:
+            draw.close()
+        end = last_at or time.perf_counter()
+        ttft = (first_at or end) - start
+        decode_s = end - (first_at or end)
+        yield GenerationStats.timed(
+            prompt_tokens=len(tokens),
+            reused_tokens=reused,
+            prefilled_tokens=prefilled,
+            generated_tokens=generated,
+            ttft_s=ttft,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            finish_reason=reason,
+            restored_tokens=restored,
+        )
