@@ -1,0 +1,77 @@
+"""The numeric building blocks after ggml: RMS norm and ggml's NORM-mode RoPE with YaRN
+(llama.cpp's numbers are the reference, so its formulas are used rather than mlx-lm's)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from app.engine.mlx.deepseek_v4.args import ModelArgs
+
+
+def rms_norm(x: mx.array, eps: float) -> mx.array:
+    return mx.fast.rms_norm(x, None, eps)
+
+
+class RoPE:
+    """ggml's NORM-mode RoPE (adjacent pairs) on the last `dims` channels, with YaRN.
+
+    Same frequencies, ramp and magnitude as `ggml_rope_ext` (ggml-cpu/ops.cpp `rope_yarn`):
+    llama.cpp's numbers are the reference, so its formula is used rather than mlx-lm's YaRN.
+    """
+
+    def __init__(self, dims: int, base: float, yarn: dict[str, Any] | None) -> None:
+        self.dims = dims
+        pair = np.arange(dims // 2, dtype=np.float32)
+        theta = np.float32(base) ** (-2.0 * pair / dims)
+        self.mscale = 1.0
+        if yarn is not None:
+            freq_scale = np.float32(1.0 / yarn["factor"])
+            corr = [
+                dims
+                * math.log(yarn["original_max_position_embeddings"] / (beta * 2 * math.pi))
+                / (2 * math.log(base))
+                for beta in (yarn["beta_fast"], yarn["beta_slow"])
+            ]
+            low, high = max(0.0, math.floor(corr[0])), min(dims - 1.0, math.ceil(corr[1]))
+            ramp = 1 - np.clip((pair - low) / max(0.001, high - low), 0, 1)
+            theta = theta * (freq_scale * (1 - ramp) + ramp)
+            # DeepSeek V4 passes attn_factor = 1 / (1 + 0.1 ln(1/s)); YaRN multiplies it back.
+            gain = np.float32(1.0) + np.float32(0.1) * np.log(np.float32(1.0) / freq_scale)
+            self.mscale = float(np.float32(np.float32(1.0) / gain) * gain)
+        self._wavelengths = mx.array(1.0 / theta.astype(np.float32))
+
+    def __call__(
+        self, x: mx.array, offset: int, stride: int = 1, inverse: bool = False
+    ) -> mx.array:
+        """Rotate `x[..., T, D]` as if its T rows sat at offset, offset+stride, ...; `inverse`
+        undoes a rotation (ggml_rope_ext_back)."""
+        nope, rot = x[..., : -self.dims], x[..., -self.dims :]
+        freqs = -self._wavelengths if inverse else self._wavelengths
+        rot = mx.fast.rope(
+            rot,
+            self.dims,
+            traditional=True,
+            base=None,
+            scale=float(stride),
+            offset=offset // stride,
+            freqs=freqs,
+        )
+        if self.mscale != 1.0:
+            rot = rot * self.mscale
+        return mx.concatenate([nope, rot.astype(x.dtype)], axis=-1)
+
+
+def yarn(args: ModelArgs) -> dict[str, Any] | None:
+    scaling = args.rope_scaling or {}
+    if scaling.get("type", scaling.get("rope_type")) != "yarn":
+        return None
+    return {
+        "factor": float(scaling["factor"]),
+        "original_max_position_embeddings": int(scaling["original_max_position_embeddings"]),
+        "beta_fast": float(scaling.get("beta_fast", 32.0)),
+        "beta_slow": float(scaling.get("beta_slow", 1.0)),
+    }

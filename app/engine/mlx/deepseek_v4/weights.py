@@ -1,0 +1,90 @@
+"""Checkpoint tensors as `Model` parameters: Hugging Face names and layouts mapped onto the
+modules, FP8 block-scaled matrices dequantized, FP4 experts kept packed as MLX mxfp4."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.utils import infer_quant_config
+
+from app.engine.mlx.deepseek_v4.args import ModelArgs
+
+_PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+_FP8_BLOCK = 128  # DeepSeek's FP8 matrices carry one scale per 128 x 128 block
+
+
+def _e8m0(scale: mx.array) -> mx.array:
+    """Scales as floats: E8M0 bytes are biased powers of two."""
+    if scale.dtype == mx.uint8:
+        return mx.power(2.0, scale.astype(mx.float32) - 127.0)
+    return scale.astype(mx.float32)
+
+
+def _dequantize_fp8(weight: mx.array, scale: mx.array) -> mx.array:
+    """An FP8 (E4M3) matrix with per-block scales, as bfloat16."""
+    if weight.dtype not in (mx.uint8, mx.int8):
+        return weight
+    rows, cols = weight.shape
+    values = mx.from_fp8(weight.view(mx.uint8), dtype=mx.float32)
+    factors = mx.repeat(mx.repeat(_e8m0(scale), _FP8_BLOCK, axis=0), _FP8_BLOCK, axis=1)
+    return (values * factors[:rows, :cols]).astype(mx.bfloat16)
+
+
+def _fp4_or_float(weight: mx.array, scale: mx.array | None) -> tuple[mx.array, mx.array | None]:
+    """One routed expert's matrix: packed FP4 bytes as MLX mxfp4 (uint32 words, uint8
+    scales), FP8 dequantized, floats as they are."""
+    if scale is None:
+        return weight, None
+    if weight.shape[-1] == 16 * scale.shape[-1]:  # two codes a byte, 32 codes a scale
+        return weight.view(mx.uint8).view(mx.uint32), scale.view(mx.uint8)
+    return _dequantize_fp8(weight, scale), None
+
+
+def sanitize_checkpoint(args: ModelArgs, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """`Model.sanitize` without the quantized-layer swap (its docstring says what it does)."""
+    out: dict[str, mx.array] = {}
+    experts: dict[str, list[tuple[int, mx.array, mx.array | None]]] = {}
+    for name, value in weights.items():
+        quant_scale = name.endswith(".scale") and name[:-6] + ".weight" in weights
+        if name.startswith("mtp.") or name.endswith(".bias_vl") or quant_scale:
+            continue
+        layer, _, rest = name.removeprefix("layers.").partition(".")
+        if name.startswith("layers.") and rest.startswith(("hc_attn_", "hc_ffn_")):
+            stage, _, part = rest.partition("_")[2].partition("_")
+            name = f"layers.{layer}.hc_{stage}.{part}"
+        scale = weights.get(name.removesuffix(".weight") + ".scale")
+        if rest.startswith("ffn.experts."):
+            expert, proj, _ = rest.removeprefix("ffn.experts.").split(".")
+            experts.setdefault(f"layers.{layer}.ffn.switch_mlp.{_PROJ[proj]}", []).append(
+                (int(expert), value, scale)
+            )
+            continue
+        if name.endswith(".gate.bias") and int(layer) < args.num_hash_layers:
+            continue  # hash layers route by table; llama.cpp drops this bias too
+        if name.endswith("tid2eid"):
+            value = value.astype(mx.int32)
+        elif scale is not None:
+            value = _dequantize_fp8(value, scale)
+        if ".attn.wo_a." in name and value.ndim == 2:
+            value = value.reshape(args.o_groups, args.o_lora_rank, -1)
+        out[name] = value
+    for path, parts in experts.items():
+        parts.sort(key=lambda part: part[0])
+        packed = [_fp4_or_float(value, scale) for _, value, scale in parts]
+        out[f"{path}.weight"] = mx.stack([w for w, _ in packed])
+        if packed[0][1] is not None:
+            out[f"{path}.scales"] = mx.stack([sc for _, sc in packed])
+    return out
+
+
+def quantize_for(model: nn.Module, weights: dict[str, mx.array]) -> None:
+    """Swap in quantized layers wherever the checkpoint brings packed weights."""
+
+    def packed(path: str, module: nn.Module) -> dict[str, Any] | bool:
+        if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
+            return False
+        return infer_quant_config(path, module, weights)
+
+    nn.quantize(model, class_predicate=packed)
