@@ -11,9 +11,7 @@ their writer, and only what a gone writer left is ever marked interrupted or tak
 from __future__ import annotations
 
 import json
-import math
 import re
-import shutil
 import sqlite3
 import sys
 import time
@@ -27,13 +25,9 @@ from types import TracebackType
 from typing import Any, get_args
 
 from app import paths
-from app.conversations import leases, repair, schema
+from app.conversations import database, leases
 from app.conversations.errors import (
     CorruptDatabaseError,
-    NewerSchemaError,
-    StoreError,
-    StoreFullError,
-    StoreLockedError,
     UnknownConversationError,
     UnknownMessageError,
 )
@@ -48,10 +42,6 @@ _MESSAGE_FIELDS = tuple(field.name for field in fields(Message))
 _CONVERSATION_COLUMNS = ", ".join(_CONVERSATION_FIELDS)
 _MESSAGE_COLUMNS = ", ".join(f"m.{name}" for name in _MESSAGE_FIELDS)
 _ID_PREFIX = re.compile(r"[0-9a-f]{4,32}")
-_LOCKED_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
-_CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
-_MB = 1 << 20
-_LOW_ROOM = _MB  # an I/O error with less free than this is a full disk
 
 
 class ConversationStore:
@@ -83,24 +73,24 @@ class ConversationStore:
         become 'interrupted'. A damaged file is moved aside, never deleted, and what can still
         be read of it is copied into a fresh one."""
         path = Path(path) if path is not None else paths.database_path()
-        _make_folder(path)
+        database.make_folder(path)
         lease = leases.Lease.take(path)
         notices: list[str] = []
         recovered_from = None
         try:
             if not leases.others_alive(leases.folder_of(path), lease):  # nobody read the log yet
-                wal_copy = _keep_damaged_wal(path)
+                wal_copy = database.keep_damaged_wal(path)
                 if wal_copy is not None:
                     notices.append(
                         "Part of the conversation database's log was damaged, so the last "
                         f"changes may be missing; a copy of the log was kept at {wal_copy}."
                     )
             try:
-                conn = _connect(path, busy_timeout)
+                conn = database.connect(path, busy_timeout)
             except CorruptDatabaseError:
-                recovered_from = _move_aside(path)
-                conn = _connect(path, busy_timeout)
-                notices.append(_salvaged(path, recovered_from, conn))
+                recovered_from = database.move_aside(path)
+                conn = database.connect(path, busy_timeout)
+                notices.append(database.salvaged(path, recovered_from, conn))
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -561,14 +551,14 @@ class ConversationStore:
     # Internals
 
     def _execute(self, sql: str, parameters: tuple = ()) -> sqlite3.Cursor:
-        with _translated(self.path):
+        with database.translated(self.path):
             return self._conn.execute(sql, parameters)
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
         """Several statements as one write; the write lock is taken up front (IMMEDIATE) so a
         busy database fails at BEGIN, not halfway."""
-        with _translated(self.path):
+        with database.translated(self.path):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield
@@ -620,140 +610,6 @@ class ConversationStore:
             (conversation_id, conversation_id),
         ).fetchone()
         return _title_from(message.content) if row[0] else None
-
-
-def _make_folder(path: Path) -> None:
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as error:
-        raise StoreError(
-            f"Cannot create the folder of the conversation database {path}: {error}"
-        ) from error
-
-
-def _keep_damaged_wal(path: Path) -> Path | None:
-    try:
-        return repair.keep_damaged_wal(path)
-    except OSError as error:
-        raise StoreError(
-            f"The conversation database's log {path}-wal is damaged, and a copy of it could "
-            f"not be kept ({error.strerror}). Free some room there and start Stoke again."
-        ) from error
-
-
-def _salvaged(path: Path, backup: Path, conn: sqlite3.Connection) -> str:
-    """Copy what `backup` still holds into the fresh database; the sentence that says so."""
-    with _translated(path):
-        conversations, messages = repair.salvage(backup, conn)
-    if messages == 0 and conversations == 0:
-        return (
-            f"The conversation database was damaged and nothing in it could be recovered; "
-            f"it was moved to {backup} and a new one was started."
-        )
-    return (
-        f"The conversation database was damaged; it was moved to {backup}, and "
-        f"{_count(conversations, 'conversation')} and {_count(messages, 'message')} were "
-        "recovered from it into a new one."
-    )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
-
-
-def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
-    _check_health(path, busy_timeout)
-    with _translated(path):
-        conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
-    try:
-        with _translated(path):
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute("PRAGMA foreign_keys = ON")
-            found = schema.version(conn)
-            if found > schema.LATEST:
-                raise NewerSchemaError(path, found, schema.LATEST)
-            schema.migrate(conn)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _check_health(path: Path, busy_timeout: float) -> None:
-    """Raise CorruptDatabaseError for a damaged file. Read-only, so the file and its WAL stay
-    as found (closing a read-write connection would checkpoint the WAL into it)."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    with _translated(path):
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout)
-        try:
-            result = conn.execute("PRAGMA quick_check").fetchone()[0]
-        finally:
-            conn.close()
-    if result != "ok":
-        raise CorruptDatabaseError(path, result)
-
-
-@contextmanager
-def _translated(path: Path) -> Iterator[None]:
-    """Turn SQLite's errors about the file (not about our SQL) into user-facing StoreErrors."""
-    try:
-        yield
-    except sqlite3.DatabaseError as error:
-        code = (error.sqlite_errorcode or 0) & 0xFF
-        if code in _LOCKED_CODES:
-            raise StoreLockedError(path) from error
-        if code in _CORRUPT_CODES:
-            raise CorruptDatabaseError(path, str(error)) from error
-        if code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_IOERR and _low_room(path)):
-            raise StoreFullError(path, _room_to_free(path)) from error
-        if code in {
-            sqlite3.SQLITE_CANTOPEN,
-            sqlite3.SQLITE_READONLY,
-            sqlite3.SQLITE_PERM,
-            sqlite3.SQLITE_IOERR,
-            sqlite3.SQLITE_FULL,
-        }:
-            raise StoreError(f"Cannot use the conversation database {path}: {error}") from error
-        raise
-
-
-def _low_room(path: Path) -> bool:
-    try:
-        return shutil.disk_usage(path.parent).free < _LOW_ROOM
-    except OSError:
-        return False
-
-
-def _room_to_free(path: Path) -> int:
-    """MB to free: enough for the log to grow and be folded back into the database, with a
-    margin, and never a token amount."""
-    size = 0
-    for suffix in ("", "-wal"):
-        with suppress(OSError):
-            size += Path(f"{path}{suffix}").stat().st_size
-    return max(50, math.ceil(size / 10 / _MB))
-
-
-def _move_aside(path: Path) -> Path:
-    """Rename the damaged database (and its -wal/-shm) to a name no file has yet."""
-    stem = f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
-    backup = path.with_name(stem)
-    attempt = 1
-    while any(Path(f"{backup}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
-        backup = path.with_name(f"{stem}-{attempt}")
-        attempt += 1
-    try:
-        for suffix in ("", "-wal", "-shm"):
-            source = Path(f"{path}{suffix}")
-            if source.exists():
-                source.rename(f"{backup}{suffix}")
-    except OSError as error:
-        raise StoreError(
-            f"The conversation database {path} is damaged and could not be moved aside: {error}"
-        ) from error
-    return backup
 
 
 def _conversation(row: tuple) -> Conversation:

@@ -1,0 +1,166 @@
+"""Opening the conversation database's SQLite file, and what can go wrong with the file.
+
+Storage only. Connects (WAL, foreign keys, migrations), checks a file's health read-only before
+opening it for writing, turns SQLite's errors about the file into StoreErrors in words (locked,
+damaged, disk full with how much to free, unreadable), and handles a damaged file: moved aside
+under a new name, never deleted, its readable rows salvaged into a fresh one (repair.py), a
+damaged write-ahead log copied before SQLite would drop it.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+from app.conversations import repair, schema
+from app.conversations.errors import (
+    CorruptDatabaseError,
+    NewerSchemaError,
+    StoreError,
+    StoreFullError,
+    StoreLockedError,
+)
+
+_LOCKED_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+_CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+_MB = 1 << 20
+_LOW_ROOM = _MB  # an I/O error with less free than this is a full disk
+
+
+def make_folder(path: Path) -> None:
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        raise StoreError(
+            f"Cannot create the folder of the conversation database {path}: {error}"
+        ) from error
+
+
+def keep_damaged_wal(path: Path) -> Path | None:
+    try:
+        return repair.keep_damaged_wal(path)
+    except OSError as error:
+        raise StoreError(
+            f"The conversation database's log {path}-wal is damaged, and a copy of it could "
+            f"not be kept ({error.strerror}). Free some room there and start Stoke again."
+        ) from error
+
+
+def salvaged(path: Path, backup: Path, conn: sqlite3.Connection) -> str:
+    """Copy what `backup` still holds into the fresh database; the sentence that says so."""
+    with translated(path):
+        conversations, messages = repair.salvage(backup, conn)
+    if messages == 0 and conversations == 0:
+        return (
+            f"The conversation database was damaged and nothing in it could be recovered; "
+            f"it was moved to {backup} and a new one was started."
+        )
+    return (
+        f"The conversation database was damaged; it was moved to {backup}, and "
+        f"{_count(conversations, 'conversation')} and {_count(messages, 'message')} were "
+        "recovered from it into a new one."
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
+    _check_health(path, busy_timeout)
+    with translated(path):
+        conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+    try:
+        with translated(path):
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            found = schema.version(conn)
+            if found > schema.LATEST:
+                raise NewerSchemaError(path, found, schema.LATEST)
+            schema.migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _check_health(path: Path, busy_timeout: float) -> None:
+    """Raise CorruptDatabaseError for a damaged file. Read-only, so the file and its WAL stay
+    as found (closing a read-write connection would checkpoint the WAL into it)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with translated(path):
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout)
+        try:
+            result = conn.execute("PRAGMA quick_check").fetchone()[0]
+        finally:
+            conn.close()
+    if result != "ok":
+        raise CorruptDatabaseError(path, result)
+
+
+@contextmanager
+def translated(path: Path) -> Iterator[None]:
+    """Turn SQLite's errors about the file (not about our SQL) into user-facing StoreErrors."""
+    try:
+        yield
+    except sqlite3.DatabaseError as error:
+        code = (error.sqlite_errorcode or 0) & 0xFF
+        if code in _LOCKED_CODES:
+            raise StoreLockedError(path) from error
+        if code in _CORRUPT_CODES:
+            raise CorruptDatabaseError(path, str(error)) from error
+        if code == sqlite3.SQLITE_FULL or (code == sqlite3.SQLITE_IOERR and _low_room(path)):
+            raise StoreFullError(path, _room_to_free(path)) from error
+        if code in {
+            sqlite3.SQLITE_CANTOPEN,
+            sqlite3.SQLITE_READONLY,
+            sqlite3.SQLITE_PERM,
+            sqlite3.SQLITE_IOERR,
+            sqlite3.SQLITE_FULL,
+        }:
+            raise StoreError(f"Cannot use the conversation database {path}: {error}") from error
+        raise
+
+
+def _low_room(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(path.parent).free < _LOW_ROOM
+    except OSError:
+        return False
+
+
+def _room_to_free(path: Path) -> int:
+    """MB to free: enough for the log to grow and be folded back into the database, with a
+    margin, and never a token amount."""
+    size = 0
+    for suffix in ("", "-wal"):
+        with suppress(OSError):
+            size += Path(f"{path}{suffix}").stat().st_size
+    return max(50, math.ceil(size / 10 / _MB))
+
+
+def move_aside(path: Path) -> Path:
+    """Rename the damaged database (and its -wal/-shm) to a name no file has yet."""
+    stem = f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
+    backup = path.with_name(stem)
+    attempt = 1
+    while any(Path(f"{backup}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
+        backup = path.with_name(f"{stem}-{attempt}")
+        attempt += 1
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            source = Path(f"{path}{suffix}")
+            if source.exists():
+                source.rename(f"{backup}{suffix}")
+    except OSError as error:
+        raise StoreError(
+            f"The conversation database {path} is damaged and could not be moved aside: {error}"
+        ) from error
+    return backup
