@@ -143,13 +143,14 @@ def app_fault(trial: Trial, conversation: str, n: int) -> dict[str, Any]:
     process = _turn_process(
         trial, conversation, n, stdout=subprocess.DEVNULL, start_new_session=True
     )
-    delay = trial.rng.uniform(0.0, trial.turn_s * 1.5)
+    delay = trial.rng.uniform(0.0, trial.turn_s)
     time.sleep(delay)
     before = trial.rows()
+    alive = process.poll() is None
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    return {"delay_s": round(delay, 2), "before": before}
+    return {"delay_s": round(delay, 2), "before": before, "killed": alive}
 
 
 def engine_fault(trial: Trial, conversation: str, n: int) -> dict[str, Any]:
@@ -160,13 +161,19 @@ def engine_fault(trial: Trial, conversation: str, n: int) -> dict[str, Any]:
     delay = trial.rng.uniform(0.0, trial.turn_s)
     time.sleep(delay)
     before = trial.rows()
-    for pid in _engines(process.pid):
+    engines = _engines(process.pid)
+    for pid in engines:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     out, _ = process.communicate(timeout=300)
     lines = out.strip().splitlines()
     said = json.loads(lines[-1]) if lines else {}
-    return {"delay_s": round(delay, 2), "before": before, "said": said.get("error", "")}
+    return {
+        "delay_s": round(delay, 2),
+        "before": before,
+        "killed": bool(engines),
+        "said": said.get("error", ""),
+    }
 
 
 class Server:
@@ -213,9 +220,10 @@ def server_fault(trial: Trial, history: list[dict[str, str]], n: int) -> dict[st
     reader.start()
     delay = trial.rng.uniform(0.0, trial.turn_s)
     time.sleep(delay)
+    alive = reader.is_alive()  # the reply was still streaming
     server.kill()
     reader.join(30)
-    return {"delay_s": round(delay, 2)}
+    return {"delay_s": round(delay, 2), "killed": alive}
 
 
 def _server_turn(trial: Trial, history: list[dict[str, str]], text: str) -> tuple[str, int]:
@@ -268,7 +276,8 @@ def run(trials: int, seed: int, home: Path) -> dict[str, Any]:
         record.update(kind=kind, trial=i)
         results.append(record)
         status = "ok" if record["followed"] and not record["problems"] else record["problems"]
-        print(f"{i:3d} {kind:6s} kill at {record['delay_s']:.2f}s: {status}", flush=True)
+        when = "mid-work" if record["killed"] else "after it ended"
+        print(f"{i:3d} {kind:6s} kill at {record['delay_s']:.2f}s ({when}): {status}", flush=True)
     table = []
     for kind in kinds:
         rows = [r for r in results if r["kind"] == kind]
@@ -277,6 +286,7 @@ def run(trials: int, seed: int, home: Path) -> dict[str, Any]:
             {
                 "fault": kind,
                 "trials": len(rows),
+                "mid_work": sum(r["killed"] for r in rows),
                 "survived": sum(r["followed"] and not r["problems"] for r in rows),
                 "data_lost": lost,
                 "kv_reused": sum(r["reused"] > 0 for r in rows),
@@ -287,12 +297,13 @@ def run(trials: int, seed: int, home: Path) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     lines = [
-        "| fault | trials | survived | data lost | follow-up reused KV |",
-        "|---|---:|---:|---:|---:|",
+        "| fault | trials | killed mid-work | survived | data lost | follow-up reused KV |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for row in report["table"]:
         lines.append(
-            f"| kill -9 of the {row['fault']} | {row['trials']} | {row['survived']} | "
+            f"| kill -9 of the {row['fault']} | {row['trials']} | {row['mid_work']} | "
+            f"{row['survived']} | "
             f"{row['data_lost']} | {row['kv_reused']} |"
         )
     problems = Counter(p for r in report["trials"] for p in r["problems"])
