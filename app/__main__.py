@@ -11,6 +11,7 @@ from app import paths
 from app.cli import chat
 from app.conversations import StoreError
 from app.engine.protocol import EngineError
+from app.launch import load_options_of
 from app.models import cli as models_cli
 from app.server import cli as serve_cli
 
@@ -63,7 +64,7 @@ def _gui(args: argparse.Namespace) -> int:
     """No subcommand: the desktop app (or, with no display, the terminal chat)."""
     from app.ui.app import display_available, run_gui, screenshot
 
-    options = chat.load_options(args)
+    options = load_options_of(args)
     if args.screenshot:
         return screenshot(
             options, Path(args.screenshot), conversation=args.conversation, theme=args.theme

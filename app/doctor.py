@@ -187,27 +187,21 @@ def check_mlx(
 
 
 def engine_choice() -> dict[str, Any]:
-    """Which engine the app runs its model with here, and why."""
-    from app.engine.choice import CHOICES, LOCAL_ENGINES, choose_engine
-    from app.engine.protocol import LoadOptions
+    """Which engine the app runs its model with here, and why: from the options the app
+    itself resolves (app/launch.py), so the report cannot disagree with what loads."""
+    from app.engine.choice import choose_engine
     from app.engine.safe_mode import SafeModeRecords
+    from app.launch import resolve_load_options
     from app.models import load_settings
     from app.settings import Settings
 
-    settings = Settings.load()
-    if settings.engine == "remote":
+    options = resolve_load_options(None, Settings.load())
+    if options.remote is not None:
         return {"engine": "remote", "reason": "Settings send the chat to a server"}
-    model = settings.model_path or str(_default_model_path())
+    model = options.model_path
     saved = (load_settings.load(model) or {}).get("engine")
-    asked, where = (
-        (saved, "this model's load settings")
-        if saved in LOCAL_ENGINES
-        else (
-            settings.engine if settings.engine in CHOICES else "auto",
-            "Settings",
-        )
-    )
-    choice = choose_engine(LoadOptions(model, engine=asked))
+    where = "this model's load settings" if saved == options.engine else "Settings"
+    choice = choose_engine(options)
     reason = f"chosen in {where}" if choice.reason == "chosen by the user" else choice.reason
     safe = SafeModeRecords().lookup(choice.engine, model)
     return {"model_path": model, "engine": choice.engine, "reason": reason, "safe_mode": safe}

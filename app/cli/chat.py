@@ -9,28 +9,21 @@ import json
 import signal
 import sys
 from collections.abc import Iterator
-from dataclasses import fields
 
 from app import paths
 from app.conversations import Conversation, ConversationStore, StoreError
-from app.engine.choice import AUTO, CHOICES
+from app.engine.choice import CHOICES
 from app.engine.host import EngineClient, EngineCrashedError
 from app.engine.prewarm import Prewarmer
 from app.engine.protocol import (
     ContextOverflowError,
     EngineError,
-    LoadOptions,
-    ModelLoadError,
     TokenEvent,
 )
 from app.engine.remote import MODES
-from app.models import load_settings
-from app.models.default import default_model_path
-from app.remote_config import remote_options
+from app.launch import load_options_of
 from app.session import ChatSession, ReplyNotSavedError, TurnResult
-from app.settings import Settings
 
-LOAD_FIELDS = {f.name for f in fields(LoadOptions)} - {"model_path"}
 HELP = """Commands:
   /new              start a new conversation
   /list             list conversations
@@ -85,51 +78,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_options(args: argparse.Namespace) -> LoadOptions:
-    """App settings, then the model's saved hardware plan (the wizard's), then the flags."""
-    settings = Settings.load()
-    engine = getattr(args, "engine", None) or settings.engine
-    if engine == "remote" or getattr(args, "remote_url", None):
-        return _remote_load_options(args, settings)
-    model = args.model or settings.model_path or str(default_model_path())
-    options: dict = {
-        "engine": settings.engine if settings.engine in CHOICES else AUTO,
-        "n_ctx": settings.n_ctx,
-        "n_threads": settings.n_threads,
-        "n_gpu_layers": settings.n_gpu_layers,
-        "n_seq_max": settings.resident_conversations,
-        "kv_disk_budget": int(settings.snapshot_disk_gib * (1 << 30)),
-        "kv_ram_budget": int(settings.snapshot_ram_gib * (1 << 30)),
-    }
-    with contextlib.suppress(OSError, ModelLoadError):  # no plan for a missing file
-        planned = load_settings.load(model) or {}
-        options.update({k: v for k, v in planned.items() if k in LOAD_FIELDS})
-    if args.ctx:
-        options["n_ctx"] = args.ctx
-    if engine in CHOICES and getattr(args, "engine", None):
-        options["engine"] = engine
-    return LoadOptions(model_path=model, **options)
-
-
-def _remote_load_options(args: argparse.Namespace, settings: Settings) -> LoadOptions:
-    """A server runs the model; a local GGUF of it (if any) gives exact tokens."""
-
-    def flag(name: str) -> str | None:  # callers that build args by hand may omit these
-        return getattr(args, name, None)
-
-    remote = remote_options(
-        settings, url=flag("remote_url"), model=flag("remote_model"), mode=flag("remote_mode")
-    )
-    tokenizer = flag("remote_tokenizer") or settings.remote_tokenizer or ""
-    return LoadOptions(model_path=tokenizer, n_ctx=flag("ctx") or settings.n_ctx, remote=remote)
-
-
 class UserError(Exception):
     """A problem the user can fix; printed as one line, never a traceback."""
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.list and paths.read_only_folders():  # only reads: nothing to lease or repair
+            with ConversationStore.open_read_only() as store:
+                _print_list(store)
+                return 0
         with ConversationStore.open() as store:
             for notice in store.notices:
                 _warn(notice)
@@ -144,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, store: ConversationStore) -> int:
-    client = EngineClient(load_options(args), log_path=paths.cache_dir() / "engine.log")
+    client = EngineClient(load_options_of(args), log_path=paths.cache_dir() / "engine.log")
     if not args.json:  # --json carries them in its output instead
         client.add_notice_listener(_warn)
     session = ChatSession(store, client)

@@ -18,6 +18,7 @@ from pathlib import Path
 from app import paths
 from app.cli import chat
 from app.engine.host import EngineClient, EngineState
+from app.launch import load_options_of
 from app.server import auth
 from app.server.app import ApiServer, ServerConfig
 from app.settings import Settings
@@ -161,7 +162,7 @@ def _read_key_file(path: Path) -> str:
 
 async def _serve(args: argparse.Namespace, config: ServerConfig, key: auth.ApiKey) -> int:
     engine = EngineClient(
-        chat.load_options(args),
+        load_options_of(args),
         log_path=paths.cache_dir() / "engine.log",
         backoff_s=args.crash_backoff,
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import threading
@@ -33,17 +32,15 @@ from PySide6.QtWidgets import (
 
 from app.conversations import Message, StoreError
 from app.conversations.export import export_json, export_markdown, import_json
-from app.engine.choice import AUTO, CHOICES
 from app.engine.host import EngineCrashedError, EngineState
 from app.engine.prewarm import Prewarmer
 from app.engine.protocol import (
     ContextOverflowError,
     EngineError,
     FinishReason,
-    LoadOptions,
     TokenEvent,
 )
-from app.models import load_settings
+from app.launch import resolve_load_options
 from app.models.downloads import Downloads
 from app.models.library import Library
 from app.server.control import LocalServer
@@ -507,13 +504,8 @@ class MainWindow(QMainWindow):
         engine = self.session.engine
         await engine.close()
         settings = Settings.load()
-        # the previous model's own engine choice does not carry over; the app's does
-        saved = {"engine": settings.engine if settings.engine in CHOICES else AUTO}
-        saved.update(load_settings.load(path) or {})
-        known = {f.name for f in dataclasses.fields(LoadOptions)} - {"model_path"}
-        engine.options = dataclasses.replace(
-            engine.options, model_path=path, **{k: v for k, v in saved.items() if k in known}
-        )
+        # as Stoke starts it: nothing of the previous model's placement or context carries over
+        engine.options = resolve_load_options(path, settings)
         settings.model_path = path
         settings.save()
         if self.models_dialog is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.cli.chat import load_options
+from app.launch import load_options_of
 from app.models import load_settings
 from app.models.default import default_model_path
 from tests.gui.harness import Harness
@@ -18,9 +18,9 @@ def test_hardware_menu_opens_the_wizard_and_its_plan_loads_next(harness: Harness
     harness.act(wizard.apply)
     saved = load_settings.load(str(default_model_path()))
     assert saved is not None
-    options = load_options(argparse.Namespace(model=None, ctx=None))
+    options = load_options_of(argparse.Namespace(model=None, ctx=None))
     assert options.n_ctx == saved["n_ctx"] and options.n_ubatch == saved["n_ubatch"]
-    assert load_options(argparse.Namespace(model=None, ctx=1024)).n_ctx == 1024  # flags win
+    assert load_options_of(argparse.Namespace(model=None, ctx=1024)).n_ctx == 1024  # flags win
 
 
 def test_models_page_load_switches_the_engine_to_that_model(harness: Harness) -> None:

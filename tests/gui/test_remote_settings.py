@@ -14,7 +14,7 @@ import qasync
 from keyring.backends import fail
 
 from app import paths
-from app.cli.chat import load_options
+from app.launch import load_options_of
 from app.remote_config import KEY_ENV
 from app.settings import Settings
 from app.ui.remote_settings import RemoteSettingsDialog
@@ -47,7 +47,7 @@ def test_save_switches_the_engine_and_keeps_the_key_off_disk(qapp, no_keychain) 
         "tokens",
     )
     assert "sk-remote" not in (paths.config_dir() / "settings.json").read_text()
-    options = load_options(argparse.Namespace(model=None, ctx=None))
+    options = load_options_of(argparse.Namespace(model=None, ctx=None))
     assert options.remote.api_key == "sk-remote" and options.remote.mode == "tokens"
     reopened = RemoteSettingsDialog()
     assert reopened.key.text() == "sk-remote" and reopened.use_remote.isChecked()

@@ -15,6 +15,7 @@ from keyring.backends import fail
 from app import doctor, paths
 from app.cli import chat
 from app.engine.protocol import EngineError
+from app.launch import load_options_of
 from app.remote_config import KEY_ENV, api_key, remote_options, save_api_key
 from app.settings import Settings
 
@@ -33,7 +34,7 @@ def dead_url() -> str:
 
 def test_flags_make_remote_load_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KEY_ENV, "from-env")
-    options = chat.load_options(
+    options = load_options_of(
         chat_args("--remote-url", "http://gpu-box:8000/v1", "--remote-model", "m", "--ctx", "1000")
     )
     assert options.remote.url == "http://gpu-box:8000/v1"
@@ -50,9 +51,9 @@ def test_settings_choose_the_remote_engine(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv(KEY_ENV, raising=False)
     settings = Settings(engine="remote", remote_url="http://a:1", remote_mode="chat")
     settings.save()
-    options = chat.load_options(chat_args())
+    options = load_options_of(chat_args())
     assert (options.remote.url, options.remote.mode) == ("http://a:1", "chat")
-    assert chat.load_options(chat_args("--engine", "llama.cpp")).remote is None
+    assert load_options_of(chat_args("--engine", "llama.cpp")).remote is None
 
 
 @pytest.fixture
