@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app import paths
+from app.engine.gguf_info import inspect_gguf
 from app.engine.model_file import fingerprint
 from app.engine.protocol import ModelLoadError
 from app.models import load_settings
-from app.models.gguf_info import inspect_gguf
 
 ModelFormat = Literal["gguf", "mlx"]
 ImportMode = Literal["copy", "move", "link"]
@@ -84,6 +84,17 @@ class Problem:
 
     path: Path
     message: str
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """What deleting a model would remove, measured on disk, for a confirmation in words."""
+
+    files: tuple[tuple[Path, int], ...]  # each file with its size (0 when it is already gone)
+    link_target: Path | None  # a linked model's target, which deleting leaves alone
+    kv_folder: Path  # where the model's KV snapshots are filed
+    kv_files: int
+    kv_bytes: int
 
 
 def format_bytes(n: int) -> str:
@@ -573,6 +584,20 @@ class Library:
         if not any(m.id == model.id for m in self.models()):
             shutil.rmtree(paths.kv_dir(model.id), ignore_errors=True)
         return model
+
+    def deletion(self, model: ModelEntry) -> Deletion:
+        """What `delete` would remove: the files with their sizes and the KV snapshots (read
+        here, so the Models page asks before it deletes without touching the disk itself)."""
+        files = tuple((f, f.stat().st_size if f.exists() else 0) for f in model.files)
+        folder = paths.cache_dir() / "kv" / model.id  # looked at, not created
+        snapshots = [f for f in folder.rglob("*") if f.is_file()] if folder.is_dir() else []
+        return Deletion(
+            files=files,
+            link_target=model.path.resolve() if model.linked else None,
+            kv_folder=folder,
+            kv_files=len(snapshots),
+            kv_bytes=sum(f.stat().st_size for f in snapshots),
+        )
 
     # per-model load settings, kept by `app.models.load_settings` under the same fingerprint
 

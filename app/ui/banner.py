@@ -6,10 +6,7 @@ from collections.abc import Callable
 
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
-_COLORS = {
-    "error": ("#fde8e8", "#8a1c1c", "#4a1f22", "#ffd7d7"),
-    "info": ("#e8f0fd", "#1c3f8a", "#1f2c4a", "#d7e4ff"),
-}
+from app.ui.theme import BANNER
 
 
 class Banner(QFrame):
@@ -50,8 +47,7 @@ class Banner(QFrame):
         for button in self._actions:
             button.deleteLater()
         self._actions = []
-        light_bg, light_fg, dark_bg, dark_fg = _COLORS[kind]
-        bg, fg = (dark_bg, dark_fg) if self._dark else (light_bg, light_fg)
+        bg, fg = BANNER[kind]["dark" if self._dark else "light"]
         self.setStyleSheet(f"QFrame#banner {{ background: {bg}; }} QLabel {{ color: {fg}; }}")
         self.text.setText(message)
         for label, callback in actions or []:

@@ -51,9 +51,9 @@ from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
 from app.ui.composer import Composer
-from app.ui.hardware_wizard import HardwareWizard
-from app.ui.models import MessageView
-from app.ui.models_page import ModelsDialog
+from app.ui.hardware import HardwareWizard
+from app.ui.message_view import MessageView
+from app.ui.models import ModelsDialog
 from app.ui.remote_settings import RemoteSettingsDialog
 from app.ui.settings_panel import ConversationSettings
 from app.ui.sidebar import Sidebar

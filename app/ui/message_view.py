@@ -1,4 +1,6 @@
-"""Plain data the chat view shows, built from the store by the window (no Qt here)."""
+"""MessageView: a message as the chat view shows it, built from the store by the window.
+
+Plain data, no Qt: the window fills it, the chat view only reads it."""
 
 from __future__ import annotations
 

@@ -1,61 +1,38 @@
-"""Light and dark themes; "system" follows the platform's color scheme as it changes."""
+"""Light and dark themes; "system" follows the platform's color scheme as it changes.
+
+The colours and the style sheets live in app.resources (palette.json, *.qss): this module
+reads them once and is how every other UI file gets a status colour or a style sheet."""
 
 from __future__ import annotations
+
+import functools
+import json
+import string
+from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication
 
+from app import resources
+
 THEMES = ("system", "light", "dark")
 
-_DARK = {
-    QPalette.ColorRole.Window: "#1f2124",
-    QPalette.ColorRole.WindowText: "#e6e6e6",
-    QPalette.ColorRole.Base: "#17181b",
-    QPalette.ColorRole.AlternateBase: "#26282c",
-    QPalette.ColorRole.Text: "#e6e6e6",
-    QPalette.ColorRole.Button: "#2b2d31",
-    QPalette.ColorRole.ButtonText: "#e6e6e6",
-    QPalette.ColorRole.Highlight: "#3d7be0",
-    QPalette.ColorRole.HighlightedText: "#ffffff",
-    QPalette.ColorRole.ToolTipBase: "#2b2d31",
-    QPalette.ColorRole.ToolTipText: "#e6e6e6",
-    QPalette.ColorRole.PlaceholderText: "#8a8f98",
-    QPalette.ColorRole.Link: "#7aa7ff",
-    QPalette.ColorRole.Mid: "#3a3d42",
-}
-_LIGHT = {
-    QPalette.ColorRole.Window: "#f6f7f9",
-    QPalette.ColorRole.WindowText: "#1d1f23",
-    QPalette.ColorRole.Base: "#ffffff",
-    QPalette.ColorRole.AlternateBase: "#eef0f3",
-    QPalette.ColorRole.Text: "#1d1f23",
-    QPalette.ColorRole.Button: "#eceef1",
-    QPalette.ColorRole.ButtonText: "#1d1f23",
-    QPalette.ColorRole.Highlight: "#2f6fde",
-    QPalette.ColorRole.HighlightedText: "#ffffff",
-    QPalette.ColorRole.ToolTipBase: "#ffffff",
-    QPalette.ColorRole.ToolTipText: "#1d1f23",
-    QPalette.ColorRole.PlaceholderText: "#80868f",
-    QPalette.ColorRole.Link: "#2f6fde",
-    QPalette.ColorRole.Mid: "#d5d8dd",
-}
+_COLORS: dict[str, Any] = json.loads(resources.read_text("palette.json"))
+STATUS: dict[str, str] = _COLORS["status"]  # ok, warn, error, idle, busy, generating
+CHART: dict[str, str] = _COLORS["chart"]  # the memory plan's weights, kv and compute
+BANNER: dict[str, dict[str, list[str]]] = _COLORS["banner"]  # kind -> theme -> [bg, fg]
+CHAT: dict[str, dict[str, str]] = _COLORS["chat"]  # theme -> base, text, warning
 
-STYLE = """
-QWidget#header { border-bottom: 1px solid palette(mid); }
-QLabel#model-name { font-weight: 600; font-size: 14px; }
-QLabel#engine-state { border-radius: 9px; padding: 2px 10px; font-size: 12px; }
-QFrame#banner { border-radius: 8px; padding: 4px; }
-QWidget#composer { border-top: 1px solid palette(mid); }
-QPlainTextEdit#composer-editor { border: 1px solid palette(mid); border-radius: 10px;
-    padding: 8px; font-size: 14px; }
-QLabel#warm-indicator { color: #2e9d5b; font-size: 11px; }
-QPushButton { padding: 6px 14px; border-radius: 8px; border: 1px solid palette(mid);
-    background: palette(button); }
-QPushButton:hover { border-color: palette(highlight); }
-QPushButton:disabled { color: palette(placeholder-text); }
-QStatusBar { font-size: 12px; }
-"""
+
+@functools.cache
+def _template(name: str) -> string.Template:
+    return string.Template(resources.read_text(name))
+
+
+def stylesheet(name: str, **values: str) -> str:
+    """A style sheet of app.resources, its $names filled from STATUS and `values`."""
+    return _template(name).substitute(STATUS, **values)
 
 
 def system_is_dark() -> bool:
@@ -71,10 +48,10 @@ def apply(app: QApplication, theme: str) -> bool:
     dark = is_dark(theme)
     app.setStyle("Fusion")
     palette = QPalette()
-    colors = _DARK if dark else _LIGHT
+    colors = _COLORS["dark" if dark else "light"]
     for role, color in colors.items():
-        palette.setColor(role, QColor(color))
-    muted = QColor(colors[QPalette.ColorRole.PlaceholderText])
+        palette.setColor(getattr(QPalette.ColorRole, role), QColor(color))
+    muted = QColor(colors["PlaceholderText"])
     for role in (
         QPalette.ColorRole.WindowText,
         QPalette.ColorRole.Text,
@@ -82,5 +59,5 @@ def apply(app: QApplication, theme: str) -> bool:
     ):
         palette.setColor(QPalette.ColorGroup.Disabled, role, muted)
     app.setPalette(palette)
-    app.setStyleSheet(STYLE)
+    app.setStyleSheet(stylesheet("app.qss"))
     return dark

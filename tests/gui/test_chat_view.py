@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 from pytestqt.qtbot import QtBot
 
 from app.ui.chat_view import EMPTY_HINT, PAGE_SIZE, ChatView
-from app.ui.models import MessageView
+from app.ui.message_view import MessageView
 
 STATS = {
     "ttft_s": 0.08,

@@ -21,15 +21,15 @@ from PySide6.QtWidgets import (
 from pytestqt.qtbot import QtBot
 
 from app.engine.choice import mlx_installed
+from app.engine.gguf_info import inspect_gguf
 from app.hardware.detect import CpuInfo, GpuInfo, Hardware, MemoryInfo, rebuild_hint
 from app.hardware.memory import GIB
 from app.hardware.planner import DeviceBudget, Plan, plan
 from app.hardware.synthetic_gguf import write_deepseek4
 from app.models import load_settings
 from app.models.default import default_model_path
-from app.models.gguf_info import inspect_gguf
 from app.ui import theme
-from app.ui.hardware_wizard import CONTEXT_STOPS, PLAN_DEBOUNCE_MS, HardwareWizard
+from app.ui.hardware import CONTEXT_STOPS, PLAN_DEBOUNCE_MS, HardwareWizard
 
 READ_TIMEOUT_MS = 120_000  # the first read of the 150 GB replica's header takes seconds
 PLAN_TIMEOUT_MS = 20_000
@@ -308,7 +308,7 @@ def test_a_file_that_is_not_a_model_is_explained(tmp_path: Path, qtbot: QtBot) -
 def test_without_hardware_it_detects_in_the_background(
     open_wizard: Callable[..., HardwareWizard], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("app.ui.hardware_wizard.detect", lambda: machine(2, 24, 256))
+    monkeypatch.setattr("app.ui.hardware.wizard.detect", lambda: machine(2, 24, 256))
 
     wizard = open_wizard(default_model_path(), None)
 

@@ -30,7 +30,7 @@ from app.models.default import default_model_path
 from app.models.downloads import Downloads
 from app.models.library import Library, ModelEntry
 from app.ui import theme
-from app.ui.models_page import (
+from app.ui.models import (
     EMPTY_DOWNLOADS,
     EMPTY_LIBRARY,
     FIT_COLORS,
