@@ -17,6 +17,7 @@ from app.engine.host import EngineClient
 from app.engine.protocol import EngineError, LoadOptions
 from app.session import ChatSession
 from app.settings import Settings
+from app.ui import theme
 from app.ui.main_window import MainWindow
 
 
@@ -77,6 +78,7 @@ def run_gui(options: LoadOptions, *, conversation: str | None = None) -> int:
 
     app = QApplication.instance() or QApplication(sys.argv)
     app.setApplicationName("Stoke")
+    app.setWindowIcon(theme.app_icon())
     app.setOrganizationName("Stoke")
     app.setQuitOnLastWindowClosed(False)  # the loop still has to shut the engine down
     loop = qasync.QEventLoop(app)

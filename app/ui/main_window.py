@@ -97,6 +97,7 @@ class MainWindow(QMainWindow):
         self._streaming_id: str | None = None
         self._theme = str(settings.value("theme", "system"))
         self.setWindowTitle("Stoke")
+        self.setWindowIcon(theme.app_icon())
         self.setAccessibleName("Stoke")
         self.resize(1180, 780)
 

@@ -1,7 +1,8 @@
 """Light and dark themes; "system" follows the platform's color scheme as it changes.
 
 The colours and the style sheets live in app.resources (palette.json, *.qss): this module
-reads them once and is how every other UI file gets a status colour or a style sheet."""
+reads them once and is how every other UI file gets a status colour, a style sheet or the
+app icon."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import string
 from typing import Any
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPalette, QPixmap
 from PySide6.QtWidgets import QApplication
 
 from app import resources
 
 THEMES = ("system", "light", "dark")
+ICON_SIZES = (16, 32, 48, 64, 128, 256, 512)  # icons/stoke-N.png, rendered from stoke.svg
 
 _COLORS: dict[str, Any] = json.loads(resources.read_text("palette.json"))
 STATUS: dict[str, str] = _COLORS["status"]  # ok, warn, error, idle, busy, generating
@@ -61,3 +63,13 @@ def apply(app: QApplication, theme: str) -> bool:
     app.setPalette(palette)
     app.setStyleSheet(stylesheet("app.qss"))
     return dark
+
+
+def app_icon() -> QIcon:
+    """Stoke's ember at each size the platforms ask for, so none is scaled from another."""
+    icon = QIcon()
+    for size in ICON_SIZES:
+        pixmap = QPixmap()
+        pixmap.loadFromData(resources.read_bytes(f"icons/stoke-{size}.png"), "PNG")
+        icon.addPixmap(pixmap)
+    return icon

@@ -24,7 +24,7 @@ from app.models.catalog import DOES_NOT_FIT, CatalogEntry, Fit, assess
 from app.models.library import format_bytes
 from app.ui.a11y import described
 from app.ui.models.download_row import DownloadRow
-from app.ui.models.widgets import FitBadge, text_label
+from app.ui.models.widgets import FitBadge, tab_page, text_label
 from app.ui.models.words import format_context, machine_summary
 
 
@@ -120,10 +120,7 @@ class CatalogTab:
     """The Catalog tab's widgets and verdicts (see the module's docstring)."""
 
     def _build_catalog(self) -> QWidget:
-        page = QWidget(self)
-        column = QVBoxLayout(page)
-        column.setContentsMargins(0, 10, 0, 0)
-        column.setSpacing(8)
+        page, column = tab_page(self, 8)
         self.machine_label = text_label("Looking at this machine…", "muted", page)
         self.machine_label.setAccessibleName("This machine")
         self.machine_label.setToolTip("What the fit badges are measured against")

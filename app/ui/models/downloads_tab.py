@@ -30,7 +30,7 @@ from app.models.downloads import Progress, RepoListing, list_repo
 from app.models.library import LibraryError, format_bytes
 from app.ui.a11y import described
 from app.ui.models.download_row import DownloadRow
-from app.ui.models.widgets import EmptyState, confirm
+from app.ui.models.widgets import EmptyState, confirm, tab_page
 from app.ui.models.words import EMPTY_DOWNLOADS
 
 
@@ -38,10 +38,7 @@ class DownloadsTab:
     """The Downloads tab's widgets and actions (see the module's docstring)."""
 
     def _build_downloads(self) -> QWidget:
-        page = QWidget(self)
-        column = QVBoxLayout(page)
-        column.setContentsMargins(0, 10, 0, 0)
-        column.setSpacing(10)
+        page, column = tab_page(self, 10)
         source = QHBoxLayout()
         self.repo_edit = QLineEdit(page)
         self.repo_edit.setPlaceholderText("Hugging Face repo, e.g. unsloth/Qwen3-8B-GGUF")

@@ -48,7 +48,7 @@ from app.models import load_settings
 from app.models.library import ImportMode, LibraryError, ModelEntry, format_bytes
 from app.ui.a11y import described
 from app.ui.models.import_dialog import ImportDialog
-from app.ui.models.widgets import ElidedLabel, EmptyState, confirm, pill, text_label
+from app.ui.models.widgets import ElidedLabel, EmptyState, confirm, pill, tab_page, text_label
 from app.ui.models.words import (
     COLUMN_TIPS,
     COLUMNS,
@@ -81,10 +81,7 @@ class LibraryTab:
     """The Library tab's widgets and actions (see the module's docstring)."""
 
     def _build_library(self) -> QWidget:
-        page = QWidget(self)
-        column = QVBoxLayout(page)
-        column.setContentsMargins(0, 10, 0, 0)
-        column.setSpacing(10)
+        page, column = tab_page(self, 10)
         toolbar = QHBoxLayout()
         self.filter_edit = QLineEdit(page)
         self.filter_edit.setPlaceholderText("Filter models…")

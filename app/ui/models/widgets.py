@@ -26,6 +26,15 @@ def text_label(text: str = "", name: str = "", parent: QWidget | None = None) ->
     return label
 
 
+def tab_page(parent: QWidget, spacing: int) -> tuple[QWidget, QVBoxLayout]:
+    """A tab's page and its column, set below the tab bar as every tab of the page is."""
+    page = QWidget(parent)
+    column = QVBoxLayout(page)
+    column.setContentsMargins(0, 10, 0, 0)
+    column.setSpacing(spacing)
+    return page, column
+
+
 def confirm(parent: QWidget, title: str, text: str, action: str, keep: str = "Cancel") -> bool:
     """Ask before something that cannot be undone; the safe answer is the default."""
     box = QMessageBox(parent)
