@@ -10,6 +10,7 @@ damaged write-ahead log copied before SQLite would drop it.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import sqlite3
 import time
@@ -87,6 +88,31 @@ def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
     except BaseException:
         conn.close()
         raise
+    return conn
+
+
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that cannot write; immutable where the folder cannot be written at all.
+    A missing database reads as empty; one of another schema version is refused in words."""
+    if not path.is_file():
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        schema.migrate(conn)
+        return conn
+    immutable = not os.access(path.parent, os.W_OK)
+    uri = f"{path.resolve().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
+    with translated(path):
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        try:
+            found = schema.version(conn)
+        except BaseException:
+            conn.close()
+            raise
+    if found != schema.LATEST:
+        conn.close()
+        raise StoreError(
+            f"The conversation database {path} is of another Stoke version (schema {found}, "
+            f"this one reads {schema.LATEST}); open it once where its folder can be written."
+        )
     return conn
 
 

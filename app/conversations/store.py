@@ -103,6 +103,16 @@ class ConversationStore:
             raise
         return store
 
+    @classmethod
+    def open_read_only(cls, path: Path | None = None) -> ConversationStore:
+        """Open for reading only (`stoke chat --list` on a read-only folder): no lease, no
+        migration, no repair, nothing marked interrupted; any write fails in words. A folder
+        nobody can write is read as immutable (SQLite then needs no lock or shared-memory
+        file beside the database)."""
+        path = Path(path) if path is not None else paths.database_path()
+        conn = database.connect_read_only(path)
+        return cls(conn, path, None, None, [])
+
     def close(self) -> None:
         """Give back this store's turns and lease: what it left streaming is now a gone
         writer's, for the next opener to mark interrupted."""

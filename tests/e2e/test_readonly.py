@@ -48,11 +48,6 @@ def test_commands_that_only_read_work(home: Path) -> None:
     _said_read_only(doctor, home)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the conversation store opens its database read-write (WAL): it needs a read-only "
-    "open (app/conversations, another engineer's item) for `chat --list` on a read-only folder",
-)
 def test_chat_list_works(home: Path) -> None:
     listed = stoke(home, "chat", "--list", read_only=True)
     assert listed.returncode == 0, listed.stderr
