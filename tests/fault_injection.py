@@ -23,6 +23,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import sqlite3
 import subprocess
 import sys
@@ -256,6 +257,7 @@ def run(trials: int, seed: int, home: Path) -> dict[str, Any]:
     _server_turn(trial, history, ASK.format(n=0))  # the API conversation's first reply
     kinds = ["app", "engine", "server"]
     results = []
+    lives = [trial.turn_s]
     for i in range(trials):
         kind = kinds[i % 3]
         n = i + 1
@@ -267,7 +269,10 @@ def run(trials: int, seed: int, home: Path) -> dict[str, Any]:
             fault = app_fault if kind == "app" else engine_fault
             record = fault(trial, conversation, n)
             before = record.pop("before")
+            began = time.monotonic()
             follow = trial.chat("-c", conversation, "-m", f"Go on, colour {n}.")
+            lives.append(time.monotonic() - began)  # a whole turn's life, as the machine is now
+            trial.turn_s = statistics.median(lives[-6:])
             stats = follow.get("stats") or {}
             record.update(
                 problems=trial.check(before),
