@@ -23,8 +23,8 @@ import os
 import random
 import re
 import signal
-import statistics
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
