@@ -8,20 +8,13 @@ import sys
 from pathlib import Path
 
 from app import paths
-from app.cli import chat
+from app.cli import bench, chat, dev, doctor, models, plan, serve
 from app.conversations import StoreError
 from app.engine.protocol import EngineError
 from app.launch import load_options_of
-from app.models import cli as models_cli
-from app.server import cli as serve_cli
 
-
-def _doctor(args: argparse.Namespace) -> int:
-    from app import doctor
-
-    report = doctor.collect()
-    print(json.dumps(report, indent=2) if args.json else doctor.render(report))
-    return 0
+# The subcommands, in the order `stoke --help` lists them: each module adds its parser.
+COMMANDS = (chat, models, serve, doctor, bench, plan, dev)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,29 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--screenshot", metavar="PATH", help="render the window to a PNG, exit")
     parser.add_argument("--theme", choices=("light", "dark"), help="with --screenshot")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chat.add_parser(subparsers)
-    models_cli.add_parser(subparsers)
-    serve_cli.add_parser(subparsers)
-    doctor = subparsers.add_parser("doctor", help="versions, paths, devices, engine checks")
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-    doctor.set_defaults(run=_doctor)
-    bench = subparsers.add_parser("bench", help="benchmarks (see bench/)")
-    benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    from app.hardware import plan_cli
-    from bench import cpu_buffers, kv, ui_stall
-    from bench import serve as serve_bench
-
-    plan_cli.add_parser(subparsers)
-
-    kv.add_parser(benchmarks)
-    ui_stall.add_parser(benchmarks)
-    serve_bench.add_parser(benchmarks)
-    cpu_buffers.add_parser(benchmarks)
-    dev = subparsers.add_parser("dev", help="developer tools")
-    tools = dev.add_subparsers(dest="tool", metavar="TOOL", required=True)
-    from app.hardware import synthetic_gguf
-
-    synthetic_gguf.add_parser(tools)
+    for command in COMMANDS:
+        command.add_parser(subparsers)
     return parser
 
 

@@ -1,4 +1,8 @@
-"""The conversation store: conversations, message trees, token-exact replies, search."""
+"""The conversation store: conversations, message trees, token-exact replies, search.
+
+May import: paths only. Storage knows nothing of engines, models or the UI: a reply is
+token ids and text, whoever sampled it.
+"""
 
 from app.conversations.errors import (
     ConversationBusyError,

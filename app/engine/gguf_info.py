@@ -12,9 +12,9 @@ import os
 import re
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.gguf_reader import ReaderField
@@ -74,6 +74,32 @@ class GGUFInfo:
             totals[t.kind] += t.n_bytes
         return dict(totals)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (file names only, a tensor per row), so a layout ships as data and
+        loads without pickle."""
+        return {
+            "format": LAYOUT_FORMAT,
+            **{f: getattr(self, f) for f in _SCALARS},
+            "files": [p.name for p in self.files],
+            "metadata": dict(sorted(self.metadata.items())),
+            "tensor_fields": list(_TENSOR_FIELDS),
+            "tensors": [[getattr(t, f) for f in _TENSOR_FIELDS] for t in self.tensors],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GGUFInfo:
+        """The inverse of `to_dict`; raises ValueError for data of another format."""
+        if (data.get("format"), data.get("tensor_fields")) != (LAYOUT_FORMAT, [*_TENSOR_FIELDS]):
+            raise ValueError(f"not a GGUF layout of format {LAYOUT_FORMAT}")
+        files = tuple(Path(name) for name in data["files"])
+        tensors = tuple(
+            TensorInfo(**dict(zip(_TENSOR_FIELDS, _tuples(row), strict=True)))
+            for row in data["tensors"]
+        )
+        scalars = {f: data[f] for f in _SCALARS}
+        metadata = {k: _tuples(v) for k, v in data["metadata"].items()}
+        return cls(path=files[0], files=files, metadata=metadata, tensors=tensors, **scalars)
+
     def bytes_by_layer(self, kind: TensorKind | None = None) -> dict[int, int]:
         """Bytes of each block (optionally of one kind); tensors outside blocks are left out."""
         totals: dict[int, int] = defaultdict(int)
@@ -81,6 +107,26 @@ class GGUFInfo:
             if t.layer is not None and (kind is None or t.kind == kind):
                 totals[t.layer] += t.n_bytes
         return dict(sorted(totals.items()))
+
+
+LAYOUT_FORMAT = 1  # of GGUFInfo.to_dict
+_SCALARS = (
+    "architecture",
+    "name",
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "expert_count",
+    "expert_used_count",
+    "file_type",
+    "vocab_size",
+)
+_TENSOR_FIELDS = tuple(f.name for f in fields(TensorInfo))
+
+
+def _tuples(value: Any) -> Any:
+    """JSON arrays back to the tuples the header reader gives."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def classify(name: str) -> TensorKind:

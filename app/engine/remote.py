@@ -500,7 +500,7 @@ def _server_context(props: dict, model: dict) -> int | None:
 
 
 def _gguf_template(model_path: str) -> str | None:
-    from app.models.gguf_info import inspect_gguf
+    from app.engine.gguf_info import inspect_gguf
 
     template = inspect_gguf(model_path).metadata.get("tokenizer.chat_template")
     return template if isinstance(template, str) else None

@@ -1,1 +1,6 @@
-"""Hardware detection and the offload planner."""
+"""The machine: detection (GPUs, unified memory, RAM), the KV and compute memory model, the
+offload planner, and the synthetic DeepSeek V4 Flash GGUFs it is tested against.
+
+May import: engine (GGUF reading, llama.cpp's devices and overrides), paths. Never models,
+settings, session, server or the UI.
+"""

@@ -32,7 +32,7 @@ from typing import Literal
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from app.models.gguf_info import GGUFInfo, TensorInfo
+from app.engine.gguf_info import GGUFInfo, TensorInfo
 
 MIB = 1 << 20
 GIB = 1 << 30

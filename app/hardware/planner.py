@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
+from app.engine.gguf_info import GGUFInfo, TensorInfo
 from app.hardware.detect import GpuInfo
 from app.hardware.memory import (
     COMPUTE_CALIBRATION,
@@ -48,7 +49,6 @@ from app.hardware.memory import (
     measure_dry_run,
     staging_bytes,
 )
-from app.models.gguf_info import GGUFInfo, TensorInfo
 
 Profile = Literal["balanced", "prefill-heavy", "decode-heavy"]
 PROFILES: tuple[Profile, ...] = ("balanced", "prefill-heavy", "decode-heavy")

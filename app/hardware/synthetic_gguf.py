@@ -18,9 +18,10 @@ The installed gguf-py does not know `deepseek4`, so keys are written by name.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import json
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ from gguf import (
     TokenType,
 )
 from gguf.quants import quantize
+
+from app.engine.gguf_info import inspect_gguf
 
 Mode = Literal["full", "scaled"]
 Q = GGMLQuantizationType
@@ -372,28 +375,24 @@ def write_deepseek4(
     return out
 
 
-def _make_gguf(args: argparse.Namespace) -> int:
-    path = write_deepseek4(args.out, mode=args.mode, seed=args.seed, weights=args.weights)
-    stat = path.stat()
-    print(
-        f"wrote {path} ({args.mode}): apparent size {stat.st_size / 2**20:,.1f} MiB, "
-        f"on disk {stat.st_blocks * 512 / 2**20:,.1f} MiB"
-    )
-    return 0
+def flash_layout_text() -> str:
+    """DeepSeek V4 Flash's layout as the catalog ships it (`app/resources/flash_layout.json`):
+    the full-size replica's header, read from a temporary folder, without its vocabulary.
+
+    One JSON row per tensor, so a change of layout reads as a diff.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        info = inspect_gguf(write_deepseek4(Path(tmp) / "flash.gguf", mode="full"))
+    meta = {k: v for k, v in info.metadata.items() if not k.startswith("tokenizer.")}
+    return layout_text(dataclasses.replace(info, metadata=meta).to_dict())
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """`stoke dev make-gguf`: write a synthetic DeepSeek V4 Flash GGUF."""
-    parser = subparsers.add_parser(
-        "make-gguf", help="write a synthetic DeepSeek V4 Flash GGUF (full sparse or scaled)"
-    )
-    parser.add_argument("--mode", choices=("full", "scaled"), required=True)
-    parser.add_argument("--seed", type=int, default=0, help="random weights of the scaled model")
-    parser.add_argument(
-        "--weights",
-        choices=("quantized", "f16", "f32"),
-        default="quantized",
-        help="scaled mode: Q8_0 matrices, or every matrix in F16 or F32",
-    )
-    parser.add_argument("out", type=Path, help="the .gguf file to write")
-    parser.set_defaults(run=_make_gguf)
+def layout_text(data: dict[str, object]) -> str:
+    """`GGUFInfo.to_dict()` as JSON with a line per field, metadata key and tensor."""
+    tensors, metadata = data.pop("tensors"), data.pop("metadata")
+    assert isinstance(tensors, list) and isinstance(metadata, dict)
+    meta = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in metadata.items())
+    rows = ",\n".join(f"  {json.dumps(row)}" for row in tensors)
+    fields = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items()]
+    fields += [f' "metadata": {{\n{meta}\n }}', f' "tensors": [\n{rows}\n ]']
+    return "{\n" + ",\n".join(fields) + "\n}\n"

@@ -4,10 +4,11 @@ The catalog ships inside the package (`app/models/catalog.json`, package data) s
 Stoke finds it without knowing where it was installed from.
 
 DeepSeek V4 Flash GGUF entries get the offload planner's verdict before any download: the
-planner places the real Flash layout (the full-size replica of `app.hardware.synthetic_gguf`,
-every tensor's name, shape and type) with its expert tensors sized to the entry's file, on
-this machine's GPUs and RAM. Other entries, small dense models for which "does it fit" is a
-matter of size, get a size rule on the same budgets; each answer says which it rests on.
+planner places the real Flash layout (`app/resources/flash_layout.json`, the header of the
+full-size replica of `app.hardware.synthetic_gguf`: every tensor's name, shape and type) with
+its expert tensors sized to the entry's file, on this machine's GPUs and RAM. Other entries,
+small dense models for which "does it fit" is a matter of size, get a size rule on the same
+budgets; each answer says which it rests on.
 """
 
 from __future__ import annotations
@@ -16,18 +17,15 @@ import dataclasses
 import functools
 import importlib.resources
 import json
-import pickle
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from app import paths
+from app import resources
+from app.engine.gguf_info import GGUFInfo
 from app.hardware.detect import Hardware
 from app.hardware.planner import DeviceBudget, Plan, plan
-from app.models.gguf_info import GGUFInfo
 
 FITS_GPU = "fits on GPU"
 FITS_EXPERT_OFFLOAD = "fits with expert offload"
@@ -101,7 +99,7 @@ class Fit:
 
 
 PLAN_CONTEXT = 65_536  # the context a catalog verdict plans for (stoke plan's default)
-_LAYOUT_VERSION = 1  # bump when synthetic_gguf's full-size layout changes
+FLASH_LAYOUT = "flash_layout.json"  # in app/resources
 
 
 def assess(entry: CatalogEntry, hardware: Hardware) -> Fit:
@@ -109,7 +107,7 @@ def assess(entry: CatalogEntry, hardware: Hardware) -> Fit:
     if entry.format == "gguf" and entry.family == "DeepSeek V4 Flash":
         try:
             return _planned(entry, hardware)
-        except OSError:  # the layout's scratch file could not be written: judge by size
+        except OSError:  # the shipped layout cannot be read (a broken install): judge by size
             pass
     fit = _size_verdict(entry, hardware)
     return Fit(fit, _speed_from_size(entry, hardware, fit), "size")
@@ -157,29 +155,9 @@ def _planned(entry: CatalogEntry, hardware: Hardware) -> Fit:
 
 @functools.lru_cache(maxsize=1)
 def flash_layout() -> GGUFInfo:
-    """DeepSeek V4 Flash's tensors and metadata (no vocabulary), from the full-size sparse
-    replica: built once (the replica is written to a temporary folder and removed; reading
-    its header takes seconds), then kept in the cache dir and in this process."""
-    cache = paths.cache_dir() / "layouts" / f"deepseek4-flash-v{_LAYOUT_VERSION}.pkl"
-    try:
-        info = pickle.loads(cache.read_bytes())
-        if isinstance(info, GGUFInfo):
-            return info
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError):
-        pass
-    from app.hardware.synthetic_gguf import write_deepseek4
-    from app.models.gguf_info import inspect_gguf
-
-    with tempfile.TemporaryDirectory() as tmp:
-        info = inspect_gguf(write_deepseek4(Path(tmp) / "flash.gguf", mode="full"))
-    meta = {k: v for k, v in info.metadata.items() if not k.startswith("tokenizer.")}
-    info = dataclasses.replace(info, metadata=meta)
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_bytes(pickle.dumps(info))
-    except OSError:
-        pass  # a full or read-only disk only costs the seconds again next time
-    return info
+    """DeepSeek V4 Flash's tensors and metadata (no vocabulary), shipped as data: JSON, read
+    without pickle, written by `stoke dev flash-layout` from the synthetic replica."""
+    return GGUFInfo.from_dict(json.loads(resources.read_text(FLASH_LAYOUT)))
 
 
 def _sized(info: GGUFInfo, size_bytes: int) -> GGUFInfo:

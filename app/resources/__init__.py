@@ -2,7 +2,9 @@
 and data files other rooms read.
 
 Read through importlib.resources, so an installed Stoke (a wheel, a bundle) finds them as a
-checkout does. Ground level: this package imports nothing of the app.
+checkout does.
+
+May import: nothing of the app (ground level).
 """
 
 from __future__ import annotations

@@ -1,2 +1,7 @@
 """The desktop window: Qt widgets only. Talks to the engine through ChatSession (asyncio,
-run on Qt's loop by qasync) and to storage through the conversation store's API."""
+run on Qt's loop by qasync) and to storage through the conversation store's API.
+
+May import: server (Settings > API Server), session, launch, remote_config, settings,
+models, hardware, engine, conversations, paths, resources. Nothing imports it but
+`app.__main__` and `stoke bench ui`.
+"""

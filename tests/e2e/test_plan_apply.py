@@ -10,6 +10,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
+from app.engine.gguf_info import GGUFInfo, inspect_gguf
 from app.engine.llamacpp import cpu_buffers
 from app.engine.llamacpp.backend import Vocab, _install_log
 from app.engine.llamacpp.overrides import apply_overrides
@@ -25,7 +26,6 @@ from app.hardware.memory import (
 )
 from app.hardware.planner import GPU_RESERVE, DeviceBudget, plan
 from app.hardware.synthetic_gguf import write_deepseek4
-from app.models.gguf_info import GGUFInfo, inspect_gguf
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
+from app.engine.gguf_info import GGUFInfo, inspect_gguf
 from app.engine.llamacpp import cpu_buffers
 from app.engine.llamacpp.backend import LlamaCppEngine, _install_log
 from app.engine.protocol import FinishReason, LoadOptions, SamplingParams, TokenEvent
 from app.hardware.synthetic_gguf import write_deepseek4
-from app.models.gguf_info import GGUFInfo, inspect_gguf
 
 MIB = 1 << 20
 FLASH_WEIGHTS_MIB = 148_899  # FIELD_NOTES: what llama.cpp maps for the 0731 release

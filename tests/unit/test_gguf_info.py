@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from gguf import GGUFWriter
 
+from app.engine.gguf_info import GGUFInfo, classify, inspect_gguf
 from app.engine.protocol import ModelLoadError
 from app.models.default import default_model_path
-from app.models.gguf_info import GGUFInfo, classify, inspect_gguf
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,11 @@ import pytest
 from gguf import GGUFWriter
 
 from app import paths
+from app.cli import models as cli
 from app.engine.model_file import fingerprint
 from app.hardware.detect import AppleInfo, CpuInfo, GpuInfo, Hardware, MemoryInfo
 from app.hardware.planner import DeviceBudget, plan
-from app.models import catalog, cli, library
+from app.models import catalog, library
 from app.models.default import default_model_path
 from app.models.library import Library, LibraryError, ModelEntry
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from app.engine.gguf_info import inspect_gguf
 from app.hardware.planner import load_options, plan
 from app.models import load_settings
 from app.models.default import default_model_path
-from app.models.gguf_info import inspect_gguf
 
 OPTIONS = {
     "engine": "llama.cpp",

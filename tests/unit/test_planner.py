@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from app.hardware import plan_cli
+from app.cli import plan as plan_cli
+from app.engine.gguf_info import GGUFInfo, inspect_gguf
 from app.hardware.detect import MemoryInfo, _meminfo, detect
 from app.hardware.memory import (
     CUDA_POINTS,
@@ -38,7 +39,6 @@ from app.hardware.planner import (
 )
 from app.hardware.synthetic_gguf import write_deepseek4
 from app.models.default import default_model_path
-from app.models.gguf_info import GGUFInfo, inspect_gguf
 
 SEED_CTX = 376_832
 EXPERT_TENSOR = 1088 * MIB  # one MXFP4 [4096, 2048, 256] expert tensor
@@ -256,7 +256,7 @@ def test_override_patterns_match_exactly_their_layers() -> None:
 def test_plan_json_and_cli(
     flash: GGUFInfo, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("app.models.gguf_info.inspect_gguf", lambda path: flash)  # read once
+    monkeypatch.setattr("app.engine.gguf_info.inspect_gguf", lambda path: flash)  # read once
     p = plan(flash, gpus(2, 24 * GIB), ram_bytes=256 * GIB, n_ctx=65_536)
     data = json.loads(json.dumps(plan_to_dict(p)))
     assert data["fits"] is True and data["devices"][-1]["name"] == "CPU"

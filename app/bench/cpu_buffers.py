@@ -102,7 +102,7 @@ def _child(policy: str, model: str, n_prompt: int, n_decode: int, threads: int) 
 
 
 def _run_child(policy: str, model: Path, args: argparse.Namespace, threads: int) -> dict:
-    command = [sys.executable, "-m", "bench.cpu_buffers", "--child", policy, str(model)]
+    command = [sys.executable, "-m", "app.bench.cpu_buffers", "--child", policy, str(model)]
     command += [str(args.prompt), str(args.decode), str(threads)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
@@ -197,7 +197,7 @@ if __name__ == "__main__":
         policy, model, n_prompt, n_decode, threads = sys.argv[2:7]
         print(json.dumps(_child(policy, model, int(n_prompt), int(n_decode), int(threads))))
     else:
-        parser = argparse.ArgumentParser(prog="python -m bench.cpu_buffers")
+        parser = argparse.ArgumentParser(prog="python -m app.bench.cpu_buffers")
         add_parser(parser.add_subparsers(dest="benchmark", required=True))
         parsed = parser.parse_args(["cpu-buffers", *sys.argv[1:]])
         sys.exit(parsed.run(parsed))

@@ -22,7 +22,7 @@ measurement. On a machine without CUDA the twin is skipped (a CPU smoke test, in
 it loads but this never uses (transformers, huggingface_hub, ...) get stand-ins if absent.
 On the H200 machine, after ../shared/device/README.md's two MLX install calls:
 
-    PYTHONPATH=/tmp/mlxsite PYTHONUNBUFFERED=1 python3 bench/deepseek_v4_prefill.py
+    PYTHONPATH=/tmp/mlxsite PYTHONUNBUFFERED=1 python3 app/bench/deepseek_v4_prefill.py
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

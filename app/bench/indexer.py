@@ -26,7 +26,7 @@ reference or fp16 timings).
 A failing stage is recorded with its error and the run goes on. Writes indexer.json and
 indexer.md to --out (default $OUT, else ./out) after every stage.
 
-    PYTHONPATH=/tmp/mlxsite python3 bench/indexer.py [--out DIR] [--reps N] [--quick] [--focus]
+    PYTHONPATH=/tmp/mlxsite python3 app/bench/indexer.py [--out DIR] [--reps N] [--quick] [--focus]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -23,7 +23,7 @@ llama.cpp splits without std::regex (placement and memory do not depend on it), 
 `--regex-probe` loads the vocabulary of a small file with DeepSeek's pre-tokenizer in a child
 process to record whether that crash still happens.
 
-    python3 bench/gpu_offload.py --out $OUT [--fit-params PATH] [--fit-wait SECONDS]
+    python3 app/bench/gpu_offload.py --out $OUT [--fit-params PATH] [--fit-wait SECONDS]
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ with contextlib.suppress(ImportError):
     import llama_cpp  # noqa: F401
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("STOKE_HOME", "/tmp/stoke-home")  # app.paths never asks platformdirs
@@ -602,9 +602,9 @@ def main() -> int:
     base = smi()  # before this process touches CUDA
     import llama_cpp
 
+    from app.engine.gguf_info import inspect_gguf
     from app.engine.llamacpp.overrides import buffer_types
     from app.hardware.planner import DeviceBudget, dry_run_compute, plan, refine
-    from app.models.gguf_info import inspect_gguf
 
     args.out.mkdir(parents=True, exist_ok=True)
     stages = [s for s in args.stages.split(",") if s]

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.kv import machine, median
+from app.bench.kv import machine, median
 
 if TYPE_CHECKING:
     import openai

@@ -114,7 +114,7 @@ def _detected(args: argparse.Namespace) -> tuple[list[DeviceBudget], int, list[s
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.models.gguf_info import inspect_gguf
+    from app.engine.gguf_info import inspect_gguf
 
     try:
         info = inspect_gguf(args.gguf)

@@ -1,0 +1,54 @@
+"""`stoke dev`: developer tools: synthetic DeepSeek V4 Flash GGUFs, and the Flash layout the
+catalog ships (regenerate it when `app/hardware/synthetic_gguf.py` changes)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from app import resources
+from app.hardware.synthetic_gguf import flash_layout_text, write_deepseek4
+from app.models.catalog import FLASH_LAYOUT
+
+SHIPPED_LAYOUT = Path(resources.__file__).with_name(FLASH_LAYOUT)
+
+
+def _make_gguf(args: argparse.Namespace) -> int:
+    path = write_deepseek4(args.out, mode=args.mode, seed=args.seed, weights=args.weights)
+    stat = path.stat()
+    print(
+        f"wrote {path} ({args.mode}): apparent size {stat.st_size / 2**20:,.1f} MiB, "
+        f"on disk {stat.st_blocks * 512 / 2**20:,.1f} MiB"
+    )
+    return 0
+
+
+def _flash_layout(args: argparse.Namespace) -> int:
+    args.out.write_text(flash_layout_text(), "utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    dev = subparsers.add_parser("dev", help="developer tools")
+    tools = dev.add_subparsers(dest="tool", metavar="TOOL", required=True)
+    parser = tools.add_parser(
+        "make-gguf", help="write a synthetic DeepSeek V4 Flash GGUF (full sparse or scaled)"
+    )
+    parser.add_argument("--mode", choices=("full", "scaled"), required=True)
+    parser.add_argument("--seed", type=int, default=0, help="random weights of the scaled model")
+    parser.add_argument(
+        "--weights",
+        choices=("quantized", "f16", "f32"),
+        default="quantized",
+        help="scaled mode: Q8_0 matrices, or every matrix in F16 or F32",
+    )
+    parser.add_argument("out", type=Path, help="the .gguf file to write")
+    parser.set_defaults(run=_make_gguf)
+    layout = tools.add_parser(
+        "flash-layout", help="write the DeepSeek V4 Flash layout the catalog plans with"
+    )
+    layout.add_argument(
+        "--out", type=Path, default=SHIPPED_LAYOUT, help=f"where (default: {SHIPPED_LAYOUT})"
+    )
+    layout.set_defaults(run=_flash_layout)
