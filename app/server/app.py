@@ -27,6 +27,9 @@ disconnects mid-reply cancels its generation, so the engine is free for the next
 Every error is OpenAI's JSON error object in words, HTTP that does not parse included; none
 carries Python's exception text or echoes the request's bytes.
 
+Beside it: http.py (connections and errors in words), replies.py (a reply cut at its stop
+sequences, its usage), schema.py (requests), prompts.py and replay.py (exact replies).
+
 After each reply the conversation's KV is snapshotted in the background (as the window does
 after its replies), so a `kill -9` of the server loses no API conversation's KV.
 """
@@ -34,7 +37,6 @@ after its replies), so a `kill -9` of the server loses no API conversation's KV.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import json
 import logging
@@ -48,19 +50,25 @@ from typing import Any
 from aiohttp import web
 
 from app.engine.chat_template import ChatTemplate, TemplateError
-from app.engine.host import EngineClient, EngineCrashedError, EngineState, Generation
+from app.engine.host import EngineClient, EngineState, Generation
 from app.engine.prewarm import Prewarmer
 from app.engine.protocol import (
-    ContextOverflowError,
     EngineError,
-    FinishReason,
-    GenerationStats,
     ModelInfo,
 )
 from app.engine.worker import Priority
 from app.server import auth
+from app.server.http import (
+    FAILED,
+    Connection,
+    engine_error,
+    http_error,
+    too_large,
+    write_event,
+)
 from app.server.prompts import ChatPrompts
 from app.server.replay import THINK_OPEN, ReasoningSplitter, ReplyStore, split_reasoning
+from app.server.replies import Reply, finish_reason, usage
 from app.server.schema import (
     ApiError,
     CompletionRequest,
@@ -125,91 +133,6 @@ class _Job:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-@dataclass
-class _Reply:
-    """A reply as it streams: text and ids, cut at the first stop sequence."""
-
-    stops: tuple[str, ...]
-    text: str = ""
-    tokens: list[int] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)  # len(text) after each token
-    sent: int = 0  # characters of text handed out
-    stopped: bool = False  # a stop sequence ended it
-    stats: GenerationStats | None = None  # the engine's numbers, once it has finished
-
-    def add(self, token_id: int, piece: str) -> str:
-        """Take one token; returns the text now safe to send."""
-        self.tokens.append(token_id)
-        self.text += piece
-        self.ends.append(len(self.text))
-        hold = 0
-        if self.stops:
-            longest = max(len(s) for s in self.stops)
-            window = max(0, self.sent - longest)
-            hits = [i for s in self.stops if (i := self.text.find(s, window)) >= 0]
-            if hits:
-                self.text, self.stopped = self.text[: min(hits)], True
-            else:
-                hold = longest - 1
-        safe = max(self.sent, len(self.text) - hold)
-        out, self.sent = self.text[self.sent : safe], safe
-        return out
-
-    def finish(self) -> str:
-        out, self.sent = self.text[self.sent :], len(self.text)
-        return out
-
-    def exact_tokens(self) -> list[int] | None:
-        """The ids whose text is exactly the reply's text; None when a stop sequence began
-        inside a token (no ids spell the text the client saw)."""
-        if not self.stopped:
-            return self.tokens
-        if not self.text:
-            return []
-        with contextlib.suppress(ValueError):
-            return self.tokens[: self.ends.index(len(self.text)) + 1]
-        return None
-
-    def kept_tokens(self) -> list[int]:
-        """The ids the next turn can build on: the exact ones, else those wholly before
-        the stop sequence."""
-        exact = self.exact_tokens()
-        return (
-            exact if exact is not None else self.tokens[: bisect.bisect(self.ends, len(self.text))]
-        )
-
-
-class _Connection(web.RequestHandler):
-    """One client connection. `admitted` is False when it opened beyond the connection
-    limit. Errors aiohttp answers itself (HTTP that does not parse) come in OpenAI's JSON
-    shape, in words, without echoing the offending bytes."""
-
-    def __init__(self, manager: web.Server, *, admitted: bool, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self.admitted = admitted
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        super().handle_error(request, status, exc, message)  # logs it; raises if too late
-        if status >= 500:
-            error = ApiError(status, _FAILED, kind="server_error")
-        else:
-            error = ApiError(
-                status,
-                "The request is not valid HTTP/1.1: check the request line, the header names "
-                "and values, and Content-Length.",
-                code="bad_http_request",
-            )
-        response = web.json_response(error.body(), status=status)
-        response.force_close()
-        return response
-
-
 class ApiServer:
     """The server: start() binds and serves on the running loop, stop() ends it."""
 
@@ -272,11 +195,11 @@ class ApiServer:
         self.port = self._listener.sockets[0].getsockname()[1]
         return self.url
 
-    def _connection(self) -> _Connection:
+    def _connection(self) -> Connection:
         """A new connection's handler (the listener's protocol factory), with the timeouts
         and the limit as the config says now."""
         server = self._runner.server
-        return _Connection(
+        return Connection(
             server,
             admitted=len(server.connections) < self.config.max_connections,
             loop=asyncio.get_running_loop(),
@@ -304,12 +227,12 @@ class ApiServer:
         except ApiError as exc:
             response = self._error_response(exc)
         except web.HTTPException as exc:  # aiohttp's own: no such route, wrong method, 413
-            response = self._error_response(_http_error(exc))
+            response = self._error_response(http_error(exc))
         except EngineError as exc:
-            response = self._error_response(_engine_error(exc))
+            response = self._error_response(engine_error(exc))
         except Exception:  # never a traceback or exception text to the client; the log has it
             logger.exception("request %s %s failed", request.method, request.path)
-            response = self._error_response(ApiError(500, _FAILED, kind="server_error"))
+            response = self._error_response(ApiError(500, FAILED, kind="server_error"))
         if not response.prepared:
             response.headers.update(self._cors_headers(request))
         return response
@@ -319,7 +242,7 @@ class ApiServer:
         """Requests on connections opened beyond the limit get 429 (and the connection ends),
         so slow or idle clients cannot take every connection unnoticed."""
         connection = request.protocol
-        if isinstance(connection, _Connection) and not connection.admitted:
+        if isinstance(connection, Connection) and not connection.admitted:
             raise ApiError(
                 429,
                 f"The server has {self.config.max_connections} connections open, its limit; "
@@ -496,7 +419,7 @@ class ApiServer:
             self.prewarm.after_reply(slot)  # on disk soon: a crash keeps this KV
 
     async def _run(
-        self, job: _Job, slot: str, held: list[int], reply: _Reply
+        self, job: _Job, slot: str, held: list[int], reply: Reply
     ) -> AsyncIterator[tuple[str, list[int]]]:
         """Drive the engine: yields (text now safe to send, ids sampled since the last
         yield); afterwards `reply` holds the whole reply and its stats. Closing it early (a
@@ -529,7 +452,7 @@ class ApiServer:
             held.extend(reply.kept_tokens())
 
     async def _whole(self, job: _Job, slot: str, held: list[int]) -> web.Response:
-        reply = _Reply(job.params.stop)
+        reply = Reply(job.params.stop)
         async with contextlib.aclosing(self._run(job, slot, held, reply)) as events:
             async for _ in events:
                 pass
@@ -543,12 +466,12 @@ class ApiServer:
         else:
             choice["text"] = reply.text
         choice["logprobs"] = None
-        choice["finish_reason"] = _finish_reason(reply)
+        choice["finish_reason"] = finish_reason(reply)
         if job.params.return_token_ids:
             choice["token_ids"] = reply.tokens
         body = self._envelope(job, chunk=False)
         body["choices"] = [choice]
-        body["usage"] = _usage(reply)
+        body["usage"] = usage(reply)
         if job.params.return_token_ids:
             body["prompt_token_ids"] = job.prompt
         return web.json_response(body)
@@ -566,7 +489,7 @@ class ApiServer:
         await response.prepare(request)
         chat = job.kind == "chat"
         splitter = ReasoningSplitter(opened=job.reasoning_opened) if chat else None
-        reply = _Reply(job.params.stop)
+        reply = Reply(job.params.stop)
 
         async def send(
             text: str = "",
@@ -594,7 +517,7 @@ class ApiServer:
                 if first:
                     body["prompt_token_ids"] = job.prompt
             body["choices"] = [choice]
-            await _write_event(response, body)
+            await write_event(response, body)
 
         try:
             await send(first=True)
@@ -608,20 +531,20 @@ class ApiServer:
                 if text or reasoning:
                     await send(text, reasoning)
             self._finish_reply(job, reply)
-            await send(finish=_finish_reason(reply))
+            await send(finish=finish_reason(reply))
             if job.params.include_usage:
                 body = self._envelope(job, chunk=True)
                 body["choices"] = []
-                body["usage"] = _usage(reply)
-                await _write_event(response, body)
+                body["usage"] = usage(reply)
+                await write_event(response, body)
             await response.write(b"data: [DONE]\n\n")
         except ConnectionResetError:
             self._client_left(job)
         except (ApiError, EngineError) as exc:  # headers are sent: the error goes in the stream
-            error = exc if isinstance(exc, ApiError) else _engine_error(exc)
+            error = exc if isinstance(exc, ApiError) else engine_error(exc)
             self.stats.rejected += 1
             with contextlib.suppress(ConnectionResetError):
-                await _write_event(response, error.body())
+                await write_event(response, error.body())
                 await response.write(b"data: [DONE]\n\n")
         return response
 
@@ -632,11 +555,11 @@ class ApiServer:
         for what json.loads lets through (check_json); every failure in words."""
         limit, timeout = self.config.max_body_bytes, self.config.body_timeout_s
         if request.content_length is not None and request.content_length > limit:
-            raise _too_large(request.content_length, limit)
+            raise too_large(request.content_length, limit)
         try:
             raw = await asyncio.wait_for(request.read(), timeout)
         except web.HTTPRequestEntityTooLarge as exc:
-            raise _too_large(None, limit) from exc
+            raise too_large(None, limit) from exc
         except TimeoutError as exc:
             raise ApiError(
                 408,
@@ -689,7 +612,7 @@ class ApiServer:
             "model": self.model_id,
         }
 
-    def _finish_reply(self, job: _Job, reply: _Reply) -> tuple[str, str]:
+    def _finish_reply(self, job: _Job, reply: Reply) -> tuple[str, str]:
         """Count and log a finished reply and keep a chat reply's exact ids under the text
         the client saw; returns its (reasoning, content)."""
         self.stats.completed += 1
@@ -721,61 +644,3 @@ class ApiServer:
     def _client_left(self, job: _Job) -> None:
         self.stats.disconnected += 1
         logger.info("%s %s: the client left; its generation was cancelled", job.kind, job.id)
-
-
-_FAILED = "The server failed on this request; its log says why."
-
-
-async def _write_event(response: web.StreamResponse, body: dict[str, Any]) -> None:
-    await response.write(f"data: {json.dumps(body)}\n\n".encode())
-
-
-def _finish_reason(reply: _Reply) -> str:
-    stats = reply.stats
-    if reply.stopped or stats is None or stats.finish_reason == FinishReason.STOP:
-        return "stop"
-    return "length"
-
-
-def _usage(reply: _Reply) -> dict[str, Any]:
-    stats = reply.stats
-    prompt = stats.prompt_tokens if stats else 0
-    generated = len(reply.tokens)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": generated,
-        "total_tokens": prompt + generated,
-        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens if stats else 0},
-    }
-
-
-def _too_large(size: int | None, limit: int) -> ApiError:
-    actual = f" ({size:,} bytes)" if size is not None else ""
-    return ApiError(
-        413,
-        f"The request body is too large{actual}: this server takes up to {limit:,} bytes.",
-        code="request_too_large",
-    )
-
-
-def _http_error(exc: web.HTTPException) -> ApiError:
-    if exc.status == 413:
-        return ApiError(413, exc.text or "The request body is too large.", code="request_too_large")
-    if exc.status == 404:
-        return ApiError(
-            404,
-            "No such endpoint; this server has /v1/models, /v1/chat/completions, "
-            "/v1/completions and /health.",
-            code="not_found",
-        )
-    if exc.status == 405:
-        return ApiError(405, f"{exc.reason}: check the HTTP method.", code="method_not_allowed")
-    return ApiError(exc.status, exc.reason)
-
-
-def _engine_error(exc: EngineError) -> ApiError:
-    if isinstance(exc, ContextOverflowError):
-        return ApiError(400, str(exc), code="context_length_exceeded")
-    if isinstance(exc, EngineCrashedError):
-        return ApiError(503, str(exc), kind="server_error", code="engine_restarting")
-    return ApiError(503, str(exc), kind="server_error", code="engine_error")

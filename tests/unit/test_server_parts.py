@@ -12,9 +12,9 @@ from app.engine.llamacpp.backend import load_vocab
 from app.engine.protocol import ModelInfo
 from app.models.default import default_model_path
 from app.server import auth
-from app.server.app import _Reply
 from app.server.prompts import ChatPrompts
 from app.server.replay import ReasoningSplitter, ReplyStore, split_reasoning
+from app.server.replies import Reply
 from app.server.schema import ApiError, Message, parse_chat, parse_completion
 from app.server.slots import SlotMap
 
@@ -92,11 +92,11 @@ def test_slots_follow_conversations_not_shared_beginnings() -> None:
 
 
 def test_stop_sequences_cut_the_text_and_keep_exact_ids() -> None:
-    reply = _Reply(("END",))
+    reply = Reply(("END",))
     sent = [reply.add(i, piece) for i, piece in enumerate(["Hel", "lo ", "EN", "D!"])]
     assert "".join(sent) + reply.finish() == "Hello "
     assert reply.stopped and reply.exact_tokens() == [0, 1]
-    inside = _Reply(("ll",))
+    inside = Reply(("ll",))
     for i, piece in enumerate(["Hel", "lo"]):
         inside.add(i, piece)
     assert inside.text == "He" and inside.exact_tokens() is None

@@ -1,0 +1,83 @@
+"""The HTTP side of the API server: connections (the connection limit's mark), and every error
+as OpenAI's JSON error object in words, none carrying Python's exception text or echoing the
+request's bytes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from app.engine.host import EngineCrashedError
+from app.engine.protocol import ContextOverflowError, EngineError
+from app.server.schema import ApiError
+
+FAILED = "The server failed on this request; its log says why."
+
+
+class Connection(web.RequestHandler):
+    """One client connection. `admitted` is False when it opened beyond the connection
+    limit. Errors aiohttp answers itself (HTTP that does not parse) come in OpenAI's JSON
+    shape, in words, without echoing the offending bytes."""
+
+    def __init__(self, manager: web.Server, *, admitted: bool, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.admitted = admitted
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs it; raises if too late
+        if status >= 500:
+            error = ApiError(status, FAILED, kind="server_error")
+        else:
+            error = ApiError(
+                status,
+                "The request is not valid HTTP/1.1: check the request line, the header names "
+                "and values, and Content-Length.",
+                code="bad_http_request",
+            )
+        response = web.json_response(error.body(), status=status)
+        response.force_close()
+        return response
+
+
+async def write_event(response: web.StreamResponse, body: dict[str, Any]) -> None:
+    await response.write(f"data: {json.dumps(body)}\n\n".encode())
+
+
+def too_large(size: int | None, limit: int) -> ApiError:
+    actual = f" ({size:,} bytes)" if size is not None else ""
+    return ApiError(
+        413,
+        f"The request body is too large{actual}: this server takes up to {limit:,} bytes.",
+        code="request_too_large",
+    )
+
+
+def http_error(exc: web.HTTPException) -> ApiError:
+    if exc.status == 413:
+        return ApiError(413, exc.text or "The request body is too large.", code="request_too_large")
+    if exc.status == 404:
+        return ApiError(
+            404,
+            "No such endpoint; this server has /v1/models, /v1/chat/completions, "
+            "/v1/completions and /health.",
+            code="not_found",
+        )
+    if exc.status == 405:
+        return ApiError(405, f"{exc.reason}: check the HTTP method.", code="method_not_allowed")
+    return ApiError(exc.status, exc.reason)
+
+
+def engine_error(exc: EngineError) -> ApiError:
+    if isinstance(exc, ContextOverflowError):
+        return ApiError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, EngineCrashedError):
+        return ApiError(503, str(exc), kind="server_error", code="engine_restarting")
+    return ApiError(503, str(exc), kind="server_error", code="engine_error")

@@ -1,0 +1,84 @@
+"""One reply as the server writes it: text and ids cut at the first stop sequence, the ids the
+next turn can build on, and the finish reason and usage the client is told."""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.engine.protocol import FinishReason, GenerationStats
+
+
+@dataclass
+class Reply:
+    """A reply as it streams: text and ids, cut at the first stop sequence."""
+
+    stops: tuple[str, ...]
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)  # len(text) after each token
+    sent: int = 0  # characters of text handed out
+    stopped: bool = False  # a stop sequence ended it
+    stats: GenerationStats | None = None  # the engine's numbers, once it has finished
+
+    def add(self, token_id: int, piece: str) -> str:
+        """Take one token; returns the text now safe to send."""
+        self.tokens.append(token_id)
+        self.text += piece
+        self.ends.append(len(self.text))
+        hold = 0
+        if self.stops:
+            longest = max(len(s) for s in self.stops)
+            window = max(0, self.sent - longest)
+            hits = [i for s in self.stops if (i := self.text.find(s, window)) >= 0]
+            if hits:
+                self.text, self.stopped = self.text[: min(hits)], True
+            else:
+                hold = longest - 1
+        safe = max(self.sent, len(self.text) - hold)
+        out, self.sent = self.text[self.sent : safe], safe
+        return out
+
+    def finish(self) -> str:
+        out, self.sent = self.text[self.sent :], len(self.text)
+        return out
+
+    def exact_tokens(self) -> list[int] | None:
+        """The ids whose text is exactly the reply's text; None when a stop sequence began
+        inside a token (no ids spell the text the client saw)."""
+        if not self.stopped:
+            return self.tokens
+        if not self.text:
+            return []
+        with contextlib.suppress(ValueError):
+            return self.tokens[: self.ends.index(len(self.text)) + 1]
+        return None
+
+    def kept_tokens(self) -> list[int]:
+        """The ids the next turn can build on: the exact ones, else those wholly before
+        the stop sequence."""
+        exact = self.exact_tokens()
+        return (
+            exact if exact is not None else self.tokens[: bisect.bisect(self.ends, len(self.text))]
+        )
+
+
+def finish_reason(reply: Reply) -> str:
+    stats = reply.stats
+    if reply.stopped or stats is None or stats.finish_reason == FinishReason.STOP:
+        return "stop"
+    return "length"
+
+
+def usage(reply: Reply) -> dict[str, Any]:
+    stats = reply.stats
+    prompt = stats.prompt_tokens if stats else 0
+    generated = len(reply.tokens)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": generated,
+        "total_tokens": prompt + generated,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens if stats else 0},
+    }
