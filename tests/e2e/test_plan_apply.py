@@ -24,7 +24,8 @@ from app.hardware.memory import (
     parse_load_log,
     staging_bytes,
 )
-from app.hardware.planner import GPU_RESERVE, DeviceBudget, plan
+from app.hardware.placement import GPU_RESERVE
+from app.hardware.planner import DeviceBudget, plan
 from app.hardware.synthetic_gguf import write_deepseek4
 
 

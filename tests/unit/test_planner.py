@@ -26,10 +26,10 @@ from app.hardware.memory import (
     compute_bytes,
     kv_cache,
 )
+from app.hardware.placement import numbers_regex
 from app.hardware.planner import (
     DeviceBudget,
     Plan,
-    _numbers_regex,
     alternatives,
     describe_choice,
     load_options,
@@ -248,7 +248,7 @@ def test_cuda_compute_model_never_below_the_measurements(flash: GGUFInfo) -> Non
 
 def test_override_patterns_match_exactly_their_layers() -> None:
     for layers in ([0], [7, 10, 11, 12, 20], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [9, 19, 29, 42]):
-        pattern = rf"blk\.{_numbers_regex(layers)}\.ffn_up_exps\."
+        pattern = rf"blk\.{numbers_regex(layers)}\.ffn_up_exps\."
         hits = [n for n in range(64) if re.search(pattern, f"blk.{n}.ffn_up_exps.weight")]
         assert hits == layers
 
