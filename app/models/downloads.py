@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -30,379 +28,48 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx2
-from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
+from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub.errors import (
-    GatedRepoError,
     HfHubHTTPError,
-    LocalEntryNotFoundError,
-    OfflineModeIsEnabled,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
 )
 from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import build_hf_headers
-from huggingface_hub.utils import tqdm as hf_tqdm
 
 from app import paths
 from app.models import library, secrets
-from app.models.library import LibraryError, format_bytes
+from app.models.hub import (
+    DownloadError,
+    RepoFile,
+    RepoListing,
+    explain,
+    hub_endpoint,
+    list_repo,
+)
+from app.models.library import format_bytes
+from app.models.transfer import (
+    SAMPLES,
+    Digest,
+    FileState,
+    JobState,
+    PartWriter,
+    Progress,
+    Stopped,
+    progress_meter,
+)
 
 logger = logging.getLogger("stoke.downloads")
 
-DEFAULT_ENDPOINT = "https://huggingface.co"
 _STATE_VERSION = 1
 _REPORT_EVERY_S = 0.25
 _SPEED_WINDOW_S = 10.0
-_SAMPLES = 512
-_HASH_BLOCK = 8 << 20
-_SPLIT = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.gguf$")
-_QUANT = re.compile(
-    r"(?<![A-Za-z0-9])((?:UD-)?(?:IQ[1-4](?:XXS|XS|S|M|NL)|I?Q[1-8](?:_[0-9A-Z]+)*|MXFP4(?:_MOE)?"
-    r"|TQ[12]_0|BF16|F16|F32|FP16|FP8))(?![A-Za-z0-9])",
-    re.IGNORECASE,
-)
-
-
-class DownloadError(LibraryError):
-    """A download cannot start or go on; the message says why and what to do."""
 
 
 class _Busy(DownloadError):
     """Another thread or Stoke process is running this download."""
-
-
-def hub_endpoint() -> str:
-    """The hub to talk to, read when asked so HF_ENDPOINT set after import still counts."""
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-
-
-# --- browsing a repo ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RepoFile:
-    name: str  # path inside the repo
-    size: int | None
-    sha256: str | None  # LFS files: what the finished file must hash to
-    blob_id: str | None  # small files: their git blob id, checked the same way
-
-
-@dataclass(frozen=True)
-class FileGroup:
-    """Files downloaded together: one quantization (all parts of a split set) or an MLX model."""
-
-    key: str
-    files: tuple[RepoFile, ...]
-
-    @property
-    def size(self) -> int:
-        return sum(f.size or 0 for f in self.files)
-
-
-@dataclass(frozen=True)
-class RepoListing:
-    repo: str
-    revision: str  # the commit: every file of a download comes from the same one
-    gated: bool
-    files: tuple[RepoFile, ...]
-    groups: tuple[FileGroup, ...]
-
-    def group(self, key: str) -> FileGroup:
-        for group in self.groups:
-            if group.key.lower() == key.lower():
-                return group
-        raise DownloadError(f"{self.repo} has no {key}. It has: {self.describe_groups()}.")
-
-    def describe_groups(self) -> str:
-        return ", ".join(f"{g.key} ({format_bytes(g.size)})" for g in self.groups) or "no models"
-
-
-def group_key(filename: str) -> str | None:
-    """Which quantization a GGUF belongs to, from its name (Q4_K_M, MXFP4, UD-Q2_K_XL...);
-    a split set without one is keyed by its stem. None for files that are not GGUF."""
-    if not filename.endswith(".gguf"):
-        return None
-    base = filename.rsplit("/", 1)[-1]
-    match = _QUANT.search(base) or _QUANT.search(filename)
-    key = match[1].upper() if match else None
-    if "mmproj" in base.lower():
-        return f"mmproj-{key}" if key else base.removesuffix(".gguf")
-    if key:
-        return key
-    split = _SPLIT.match(base)
-    return split["stem"] if split else base.removesuffix(".gguf")
-
-
-def _group(files: Sequence[RepoFile]) -> tuple[FileGroup, ...]:
-    by_key: dict[str, list[RepoFile]] = {}
-    for file in files:
-        key = group_key(file.name)
-        if key is not None:
-            by_key.setdefault(key, []).append(file)
-    groups = [FileGroup(k, tuple(sorted(v, key=lambda f: f.name))) for k, v in by_key.items()]
-    names = {f.name.rsplit("/", 1)[-1] for f in files}
-    if "config.json" in names and any(n.endswith(".safetensors") for n in names):
-        mlx = tuple(f for f in files if not f.name.endswith(".gguf") and f.name != ".gitattributes")
-        groups.append(FileGroup("mlx", mlx))
-    return tuple(sorted(groups, key=lambda g: g.size))
-
-
-def _safe_name(name: str) -> bool:
-    """A repo path that stays inside the folder it is written to (no `..`, not absolute)."""
-    parts = name.split("/")
-    return bool(name) and not name.startswith("/") and ".." not in parts and "" not in parts
-
-
-def list_repo(repo: str, *, revision: str | None = None) -> RepoListing:
-    """A repo's files with sizes and checksums, grouped by quantization."""
-    endpoint = hub_endpoint()
-    api = HfApi(endpoint=endpoint, library_name="stoke")
-    try:
-        info = api.model_info(
-            repo, revision=revision, files_metadata=True, token=secrets.get_token()
-        )
-    except Exception as exc:
-        raise DownloadError(explain(exc, repo, endpoint)) from exc
-    files = tuple(
-        RepoFile(
-            name=s.rfilename,
-            size=s.lfs.size if s.lfs else s.size,
-            sha256=s.lfs.sha256 if s.lfs else None,
-            blob_id=None if s.lfs else s.blob_id,
-        )
-        for s in info.siblings or ()
-        if _safe_name(s.rfilename)
-    )
-    return RepoListing(
-        repo=repo,
-        revision=info.sha or revision or "main",
-        gated=bool(info.gated),
-        files=files,
-        groups=_group(files),
-    )
-
-
-def explain(exc: BaseException, repo: str, endpoint: str, filename: str | None = None) -> str:
-    """A hub failure as one sentence that says what happened and what to do."""
-    page = f"{endpoint}/{repo}"
-    what = f"{filename} from {repo}" if filename else repo
-    if isinstance(exc, GatedRepoError):
-        if exc.response.status_code == 403:
-            return (
-                f"{repo} is gated and your account has not been granted access yet (403): "
-                f"open {page}, accept the license, wait for approval, then try again."
-            )
-        return (
-            f"{repo} is gated (401): open {page}, log in and accept its license, then run "
-            f"`stoke models login` with an access token from {endpoint}/settings/tokens."
-        )
-    if isinstance(exc, RevisionNotFoundError):
-        return f"That revision of {repo} was not found on {endpoint} (404)."
-    if isinstance(exc, RepositoryNotFoundError):
-        return (
-            f"Repository {repo} was not found on {endpoint} (404). Check the name; a private "
-            "repo needs `stoke models login`."
-        )
-    if isinstance(exc, RemoteEntryNotFoundError):
-        return f"{filename or 'A file'} was not found in {repo} (404)."
-    if isinstance(exc, HfHubHTTPError):
-        status = exc.response.status_code
-        if status == 401:
-            return "The hub refused the token (401): run `stoke models login` with a valid one."
-        if status >= 500:
-            return f"The hub at {endpoint} answered {status} for {what}; try again later."
-        return f"The hub answered {status} for {what}: {exc.server_message or exc}."
-    if isinstance(exc, httpx2.TransportError | LocalEntryNotFoundError | OfflineModeIsEnabled):
-        return (
-            f"Cannot reach the hub at {endpoint} ({type(exc).__name__}: {exc}). Check the "
-            "network connection; the download resumes where it stopped."
-        )
-    return f"Downloading {what} failed: {type(exc).__name__}: {exc}"
-
-
-# --- progress and state -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One download as the Downloads view shows it."""
-
-    id: str
-    repo: str
-    state: str  # running | paused | done | failed | cancelled
-    done_bytes: int
-    total_bytes: int
-    speed: float  # bytes per second over the last few seconds
-    eta_s: float | None
-    files_done: int
-    files_total: int
-    current: tuple[str, ...]
-    destination: Path
-    error: str | None
-    quarantined: tuple[Path, ...]
-
-    @property
-    def fraction(self) -> float:
-        return self.done_bytes / self.total_bytes if self.total_bytes else 0.0
-
-
-@dataclass
-class _File:
-    name: str
-    size: int | None
-    sha256: str | None
-    blob_id: str | None
-    status: str = "pending"  # pending | done | failed | quarantined
-    error: str | None = None
-    quarantine: str | None = None
-    have: int = 0  # bytes on disk, counted live
-
-    def to_dict(self) -> dict[str, Any]:
-        keys = ("name", "size", "sha256", "blob_id", "status", "error", "quarantine")
-        return {k: getattr(self, k) for k in keys}
-
-
-@dataclass
-class _Job:
-    id: str
-    repo: str
-    revision: str
-    endpoint: str
-    files: list[_File]
-    state: str = "running"
-    error: str | None = None
-    stop: threading.Event = field(default_factory=threading.Event)
-    idle: threading.Event = field(default_factory=threading.Event)
-    active: int = 0
-    cancelled: bool = False
-    restart: bool = False  # resumed while paused transfers were still letting go
-    lock_fd: int | None = None
-    current: set[str] = field(default_factory=set)
-    received: int = 0
-    samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
-    reported: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "repo": self.repo,
-            "revision": self.revision,
-            "endpoint": self.endpoint,
-            "state": self.state,
-            "error": self.error,
-            "files": [f.to_dict() for f in self.files],
-        }
-
-
-class _Stopped(Exception):
-    """Raised inside a transfer to stop it where it is (pause, cancel, quit)."""
-
-
-class _Digest:
-    """The hash a file must match: LFS SHA-256, or the git blob id of a small file."""
-
-    def __init__(self, file: _File) -> None:
-        self.file = file
-        self.expected = file.sha256 or file.blob_id
-        self.valid = True
-        self.reset()
-
-    def reset(self) -> None:
-        if self.file.sha256:
-            self._hash = hashlib.sha256()
-        else:
-            self._hash = hashlib.sha1(usedforsecurity=False)
-            self._hash.update(f"blob {self.file.size}\0".encode())
-
-    def update(self, data: bytes) -> None:
-        self._hash.update(data)
-
-    def feed_file(self, path: Path, limit: int | None = None) -> None:
-        remaining = limit
-        with path.open("rb") as fh:
-            while remaining is None or remaining > 0:
-                block = fh.read(_HASH_BLOCK if remaining is None else min(_HASH_BLOCK, remaining))
-                if not block:
-                    break
-                self._hash.update(block)
-                if remaining is not None:
-                    remaining -= len(block)
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
-
-
-class _Writer:
-    """The file `http_get` writes into: counts and hashes what reaches the disk, and stops
-    the transfer when asked, after the chunk is written so the next resume keeps it."""
-
-    def __init__(
-        self,
-        fh: IO[bytes],
-        digest: _Digest,
-        stop: threading.Event,
-        on_bytes: Callable[[int], None],
-    ) -> None:
-        self._fh = fh
-        self._digest = digest
-        self._stop = stop
-        self._on_bytes = on_bytes
-
-    def write(self, data: bytes) -> int:
-        written = self._fh.write(data)
-        self._fh.flush()
-        self._digest.update(data)
-        self._on_bytes(len(data))
-        if self._stop.is_set():
-            raise _Stopped
-        return written
-
-    def tell(self) -> int:
-        return self._fh.tell()
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self._fh.seek(offset, whence)
-
-    def truncate(self, size: int | None = None) -> int:
-        """The server ignored our Range and sent the whole file: start the hash over too."""
-        before = os.fstat(self._fh.fileno()).st_size
-        end = self._fh.truncate(size)
-        self._on_bytes(end - before)
-        if end == 0:
-            self._digest.reset()
-        else:
-            self._digest.valid = False
-        return end
-
-
-def _meter(sink: Callable[[int], None]) -> type[hf_tqdm]:
-    """A silent progress bar class for huggingface_hub that hands each update to `sink`
-    (Xet downloads report through it; plain HTTP ones through `_Writer`).
-
-    It defines `update_transfer` so Xet reports bytes once (on the file), not twice."""
-
-    class Meter(hf_tqdm):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            sink(int(n or 0))
-            return super().update(n)
-
-        def update_transfer(self, n: float | None = 1) -> None:
-            """Network bytes; the file's own count is what Stoke shows."""
-
-        def set_transfer_postfix_str(self, s: str = "", refresh: bool = True) -> None:
-            """Nothing to show: the bar is disabled."""
-
-    return Meter
 
 
 # --- the download manager ---------------------------------------------------------------------
@@ -424,15 +91,15 @@ class Downloads:
         self._closing = False
         self._state_path = paths.data_dir() / "downloads.json"
         self._staging_root = paths.data_dir() / "downloads"
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, JobState] = {}
         self._removed: set[str] = set()
         for raw in self._read_state().values():
-            job = _Job(
+            job = JobState(
                 id=raw["id"],
                 repo=raw["repo"],
                 revision=raw["revision"],
                 endpoint=raw.get("endpoint") or hub_endpoint(),
-                files=[_File(**f) for f in raw["files"]],
+                files=[FileState(**f) for f in raw["files"]],
                 state=raw["state"],
                 error=raw.get("error"),
             )
@@ -446,10 +113,10 @@ class Downloads:
         """Where a repo's files land: models_dir()/<owner>/<name>/."""
         return paths.models_dir().joinpath(*repo.split("/"))
 
-    def _staging(self, job: _Job) -> Path:
+    def _staging(self, job: JobState) -> Path:
         return self._staging_root / job.id
 
-    def _partial(self, job: _Job, file: _File) -> Path:
+    def _partial(self, job: JobState, file: FileState) -> Path:
         return self._staging(job) / f"{file.name}.incomplete"
 
     # state file
@@ -497,12 +164,12 @@ class Downloads:
             raise DownloadError(
                 f"{', '.join(present)} from {repo} is already in the library at {destination}."
             )
-        job = _Job(
+        job = JobState(
             id=uuid.uuid4().hex[:12],
             repo=repo,
             revision=listing.revision,
             endpoint=endpoint,
-            files=[_File(f.name, f.size, f.sha256, f.blob_id) for f in chosen],
+            files=[FileState(f.name, f.size, f.sha256, f.blob_id) for f in chosen],
         )
         self._check_space(job)
         with self._lock:
@@ -540,7 +207,7 @@ class Downloads:
         except Exception as exc:
             raise DownloadError(explain(exc, listing.repo, endpoint, filename)) from exc
 
-    def _check_space(self, job: _Job) -> None:
+    def _check_space(self, job: JobState) -> None:
         self._count_present(job)
         needed = sum(max((f.size or 0) - f.have, 0) for f in job.files if f.status != "done")
         where = self._staging_root
@@ -551,7 +218,7 @@ class Downloads:
                 f"{format_bytes(free)} free on {where}."
             )
 
-    def _count_present(self, job: _Job) -> None:
+    def _count_present(self, job: JobState) -> None:
         for file in job.files:
             partial = self._partial(job, file)
             if file.status == "done":
@@ -559,7 +226,7 @@ class Downloads:
             else:
                 file.have = partial.stat().st_size if partial.exists() else 0
 
-    def _lock_job(self, job: _Job) -> bool:
+    def _lock_job(self, job: JobState) -> bool:
         """Hold the job's lock file while it runs, so two Stoke processes never write one
         partial file; the OS drops it if this process dies."""
         staging = self._staging(job)
@@ -573,7 +240,7 @@ class Downloads:
         job.lock_fd = fd
         return True
 
-    def _launch(self, job: _Job) -> None:
+    def _launch(self, job: JobState) -> None:
         with self._lock:
             if job.active or not self._lock_job(job):
                 raise _Busy(f"The download of {job.repo} is already running.")
@@ -581,7 +248,7 @@ class Downloads:
             job.idle.clear()
             job.state, job.error, job.cancelled, job.restart = "running", None, False, False
             job.received = 0
-            job.samples = deque([(time.monotonic(), 0)], maxlen=_SAMPLES)
+            job.samples = deque([(time.monotonic(), 0)], maxlen=SAMPLES)
             pending = [f for f in job.files if f.status != "done"]
             for file in pending:
                 file.status, file.error, file.quarantine = "pending", None, None
@@ -594,7 +261,7 @@ class Downloads:
 
     # control
 
-    def _job(self, job_id: str) -> _Job:
+    def _job(self, job_id: str) -> JobState:
         try:
             return self._jobs[job_id]
         except KeyError:
@@ -676,7 +343,7 @@ class Downloads:
     def progress(self, job_id: str) -> Progress:
         return self._snapshot(self._job(job_id))
 
-    def _snapshot(self, job: _Job) -> Progress:
+    def _snapshot(self, job: JobState) -> Progress:
         with self._lock:
             total = sum(f.size or 0 for f in job.files)
             done = sum(min(f.have, f.size or f.have) for f in job.files)
@@ -707,14 +374,14 @@ class Downloads:
     def downloads(self) -> list[Progress]:
         return [self.progress(job_id) for job_id in list(self._jobs)]
 
-    def _advance(self, job: _Job, file: _File, n: int) -> None:
+    def _advance(self, job: JobState, file: FileState, n: int) -> None:
         with self._lock:
             file.have += n
             job.received += n
             job.samples.append((time.monotonic(), job.received))
         self._report(job)
 
-    def _report(self, job: _Job, force: bool = False) -> None:
+    def _report(self, job: JobState, force: bool = False) -> None:
         if self.on_progress is None:
             return
         now = time.monotonic()
@@ -725,7 +392,7 @@ class Downloads:
 
     # the work
 
-    def _work(self, job: _Job, file: _File) -> None:
+    def _work(self, job: JobState, file: FileState) -> None:
         try:
             if job.stop.is_set():
                 return
@@ -733,7 +400,7 @@ class Downloads:
                 job.current.add(file.name)
             fetched = self._fetch(job, file)
             self._verify_and_place(job, file, *fetched)
-        except _Stopped:
+        except Stopped:
             pass
         except Exception as exc:
             if not isinstance(exc, HfHubHTTPError | httpx2.TransportError | OSError):
@@ -760,11 +427,11 @@ class Downloads:
                     self._persist()
             self._report(job, force=True)
 
-    def _fetch(self, job: _Job, file: _File) -> tuple[Path, _Digest]:
+    def _fetch(self, job: JobState, file: FileState) -> tuple[Path, Digest]:
         """Bring the file's bytes into the staging folder; return them with their hash."""
         partial = self._partial(job, file)
         partial.parent.mkdir(parents=True, exist_ok=True)
-        digest = _Digest(file)
+        digest = Digest(file)
         token = secrets.get_token()
 
         def advance(n: int) -> None:
@@ -780,7 +447,7 @@ class Downloads:
                 local_dir=self._staging(job) / "xet",
                 endpoint=job.endpoint,
                 token=token,
-                tqdm_class=_meter(advance),
+                tqdm_class=progress_meter(advance),
             )
             digest.valid = False  # hashed from the file below
             return Path(str(local)), digest
@@ -796,16 +463,20 @@ class Downloads:
         with partial.open("ab") as fh:
             http_get(
                 url,
-                _Writer(fh, digest, job.stop, advance),  # type: ignore[arg-type]
+                PartWriter(fh, digest, job.stop, advance),  # type: ignore[arg-type]
                 resume_size=offset,
                 headers=build_hf_headers(token=token, library_name="stoke"),
                 expected_size=file.size,
                 displayed_filename=file.name,
-                tqdm_class=_meter(lambda n: None),  # the writer counts what reaches the disk
+                tqdm_class=progress_meter(
+                    lambda n: None
+                ),  # the writer counts what reaches the disk
             )
         return partial, digest
 
-    def _verify_and_place(self, job: _Job, file: _File, fetched: Path, digest: _Digest) -> None:
+    def _verify_and_place(
+        self, job: JobState, file: FileState, fetched: Path, digest: Digest
+    ) -> None:
         """Only a file that matches the hub's checksum enters the library."""
         if digest.expected and not digest.valid:
             digest.reset()
@@ -832,7 +503,7 @@ class Downloads:
             file.status = "done"
             file.have = file.size or destination.stat().st_size
 
-    def _quarantine_path(self, job: _Job, file: _File) -> Path:
+    def _quarantine_path(self, job: JobState, file: FileState) -> Path:
         base = paths.data_dir().joinpath("quarantine", *job.repo.split("/"), file.name)
         target, n = base, 1
         while target.exists():
@@ -840,7 +511,7 @@ class Downloads:
             n += 1
         return target
 
-    def _settle(self, job: _Job) -> None:
+    def _settle(self, job: JobState) -> None:
         """The last worker of a job is done: decide the job's state and let go of it."""
         if job.lock_fd is not None:
             os.close(job.lock_fd)
@@ -867,7 +538,7 @@ class Downloads:
         self._persist()
         job.idle.set()
 
-    def _discard(self, job: _Job) -> None:
+    def _discard(self, job: JobState) -> None:
         shutil.rmtree(self._staging(job), ignore_errors=True)
         self._jobs.pop(job.id, None)
         self._removed.add(job.id)

@@ -19,10 +19,12 @@ from keyring.backend import KeyringBackend
 from keyring.backends import fail
 
 from app import paths
-from app.models import downloads, library, secrets
+from app.models import library, secrets, transfer
 from app.models.default import default_model_path
-from app.models.downloads import DownloadError, Downloads, Progress, group_key, list_repo
+from app.models.downloads import Downloads
+from app.models.hub import DownloadError, group_key, list_repo
 from app.models.library import Library
+from app.models.transfer import Progress
 from tests.fakehub import FakeHub
 
 MiB = 1 << 20
@@ -370,7 +372,7 @@ def test_disk_filling_up_mid_download_says_how_much_is_needed(
     def full(self: object, data: bytes) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(downloads._Writer, "write", full)
+    monkeypatch.setattr(transfer.PartWriter, "write", full)
     done = manager.wait(manager.start("acme/full-GGUF"), timeout=20)
     assert done.state == "failed"
     assert done.error is not None
