@@ -1,5 +1,5 @@
 """Benchmarks (not timed tests): `stoke bench kv|ui|serve|cpu-buffers` and the device scripts;
-each prints a table and writes JSON (results/ holds the runs the README quotes).
+each prints a table and writes JSON (the top-level bench/results/ holds the runs the README quotes).
 
 May import: every room, the window included (`bench ui` streams into it). Nothing imports
 this room but `app.cli.bench`.
