@@ -1,6 +1,6 @@
 """Recommended models, and whether each fits this machine before a byte is downloaded.
 
-The catalog ships inside the package (`app/models/catalog.json`, package data) so an installed
+The catalog ships inside the package (`app/resources/catalog.json`, package data) so an installed
 Stoke finds it without knowing where it was installed from.
 
 DeepSeek V4 Flash GGUF entries get the offload planner's verdict before any download: the
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.resources
 import json
 import re
 from collections.abc import Mapping
@@ -70,7 +69,7 @@ class Budget:
 
 
 def load_catalog() -> list[CatalogEntry]:
-    raw = importlib.resources.files("app.models").joinpath("catalog.json").read_text("utf-8")
+    raw = resources.read_text("catalog.json")
     return [CatalogEntry.from_dict(m) for m in json.loads(raw)["models"]]
 
 
