@@ -124,9 +124,9 @@ sys.stdin.readline()
 """
 
 
-def test_damaged_wal_is_copied_before_sqlite_drops_it(db: Path) -> None:
-    """A killed process leaves its turns in the WAL; a flipped byte in the last frame makes
-    SQLite ignore that commit, so the log is copied first and the user is told where."""
+def _killed_writer(db: Path) -> str:
+    """A process that wrote two turns into `db`'s WAL and was killed by SIGKILL; its
+    conversation id."""
     writer = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(_WRITER), str(db)],
         stdin=subprocess.PIPE,
@@ -142,6 +142,13 @@ def test_damaged_wal_is_copied_before_sqlite_drops_it(db: Path) -> None:
         writer.wait()
         writer.stdin.close()
         writer.stdout.close()
+    return conversation
+
+
+def test_damaged_wal_is_copied_before_sqlite_drops_it(db: Path) -> None:
+    """A killed process leaves its turns in the WAL; a flipped byte in the last frame makes
+    SQLite ignore that commit, so the log is copied first and the user is told where."""
+    conversation = _killed_writer(db)
     wal = Path(f"{db}-wal")
     damaged = bytearray(wal.read_bytes())
     damaged[-100] ^= 0xFF  # inside the last frame's page: the last commit fails its checksum
@@ -157,21 +164,7 @@ def test_damaged_wal_is_copied_before_sqlite_drops_it(db: Path) -> None:
 
 
 def test_intact_wal_is_not_copied(db: Path) -> None:
-    writer = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(_WRITER), str(db)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    try:
-        conversation = writer.stdout.readline().strip()
-        assert writer.stdout.readline().strip() == "written"
-    finally:
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
-        writer.stdin.close()
-        writer.stdout.close()
+    conversation = _killed_writer(db)
     with ConversationStore.open(db) as store:
         assert store.current_path(conversation)[-1].content == "second question"
         assert store.notices == []
