@@ -267,19 +267,17 @@ class ConversationStore:
             full_id = self._resolve(conversation_id)
             if parent_id is not None:
                 self._check_in_conversation(parent_id, full_id)
-            message = Message(
-                id=uuid.uuid4().hex,
-                conversation_id=full_id,
-                parent_id=parent_id,
-                role=role,
-                content=content,
+            message = _new_message(
+                full_id,
+                parent_id,
+                role,
+                content,
+                now,
                 token_ids=None if token_ids is None else list(token_ids),
                 tokens_fingerprint=tokens_fingerprint,
                 status=status,
                 finish_reason=finish_reason,
                 stats=stats,
-                created_at=now,
-                updated_at=now,
             )
             self._insert(message)
         return message
@@ -305,20 +303,7 @@ class ConversationStore:
                     return leaf
                 if leaf.role == "user":
                     leaf_id = self._insert_no_reply(leaf, now)
-            message = Message(
-                id=uuid.uuid4().hex,
-                conversation_id=full_id,
-                parent_id=leaf_id,
-                role="user",
-                content=content,
-                token_ids=None,
-                tokens_fingerprint=None,
-                status="complete",
-                finish_reason=None,
-                stats=None,
-                created_at=now,
-                updated_at=now,
-            )
+            message = _new_message(full_id, leaf_id, "user", content, now)
             self._insert(message)
         return message
 
@@ -326,19 +311,14 @@ class ConversationStore:
         """An empty interrupted reply under a user message that never got one (the app died
         before its reply began, or the context was full), so the tree keeps alternating, the
         next prompt says no answer came, and Continue can still answer it. Its id."""
-        gap = Message(
-            id=uuid.uuid4().hex,
-            conversation_id=user.conversation_id,
-            parent_id=user.id,
-            role="assistant",
-            content="",
-            token_ids=None,
-            tokens_fingerprint=None,
+        gap = _new_message(
+            user.conversation_id,
+            user.id,
+            "assistant",
+            "",
+            now,
             status="interrupted",
             finish_reason="no reply",
-            stats=None,
-            created_at=now,
-            updated_at=now,
         )
         self._insert(gap)
         return gap.id
@@ -620,6 +600,36 @@ class ConversationStore:
             (conversation_id, conversation_id),
         ).fetchone()
         return _title_from(message.content) if row[0] else None
+
+
+def _new_message(
+    conversation_id: str,
+    parent_id: str | None,
+    role: str,
+    content: str,
+    now: float,
+    *,
+    token_ids: list[int] | None = None,
+    tokens_fingerprint: str | None = None,
+    status: str = "complete",
+    finish_reason: str | None = None,
+    stats: dict | None = None,
+) -> Message:
+    """A message not yet stored, with a fresh id, created and updated `now`."""
+    return Message(
+        id=uuid.uuid4().hex,
+        conversation_id=conversation_id,
+        parent_id=parent_id,
+        role=role,
+        content=content,
+        token_ids=token_ids,
+        tokens_fingerprint=tokens_fingerprint,
+        status=status,
+        finish_reason=finish_reason,
+        stats=stats,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 def _conversation(row: tuple) -> Conversation:
