@@ -17,6 +17,7 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import platformdirs
@@ -133,17 +134,26 @@ def read_only_folders() -> list[tuple[str, Path]]:
     return found
 
 
-def write_private(path: Path, data: str | bytes) -> None:
+def write_private(
+    path: Path, data: str | bytes | Sequence[bytes], *, mtime_ns: int | None = None
+) -> None:
     """Replace `path` with `data` (0600) through a temp file and a rename, so a crash or a
     full disk never leaves half a file and the old one stays until the new one is complete;
-    the folder is synced too, so the rename itself survives a power cut."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
+    the folder is synced too, so the rename itself survives a power cut. `data` may be parts
+    (a KV snapshot's header, tokens and payload) written one after another; `mtime_ns` stamps
+    the file before it appears."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    chunks = [data] if isinstance(data, bytes) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
+            for chunk in chunks:  # large parts (a KV snapshot) written as they are, not joined
+                fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
+        if mtime_ns is not None:
+            os.utime(tmp, ns=(mtime_ns, mtime_ns))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

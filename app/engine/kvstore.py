@@ -426,23 +426,13 @@ class KVStore:
             )
             self._keep_previous(job)
             return
-        tmp = path.with_suffix(TMP_SUFFIX)
+        with self._lock:
+            stamp = self._next_stamp()
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, paths.PRIVATE_FILE)
-            with os.fdopen(fd, "wb") as f:
-                f.write(header)
-                f.write(job.token_bytes)
-                f.write(job.payload)
-                f.flush()
-                os.fsync(f.fileno())
-            with self._lock:
-                stamp = self._next_stamp()
-            os.utime(tmp, ns=(stamp, stamp))
             if path.is_dir() and not path.is_symlink():
                 _remove(path)  # a folder where the file belongs: os.replace cannot go over it
-            os.replace(tmp, path)
+            paths.write_private(path, (header, job.token_bytes, job.payload), mtime_ns=stamp)
         except OSError as exc:
-            _remove(tmp)
             self._keep_previous(job)
             if exc.errno in _DISK_FULL:
                 logger.warning("%s", self._disk_full(job.key, size))
