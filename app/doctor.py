@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from app import paths
+from app.units import gib
 
 LOAD_TIMEOUT_S = 60.0
 NO_KEYRING = "no keyring backend: secrets are kept in memory only"
-_GIB = 1 << 30
 _ROOT = Path(__file__).resolve().parents[1]  # the folder holding `app`
 
 # label -> distributions that provide it (PySide6 usually comes as pyside6-essentials)
@@ -314,10 +314,6 @@ def collect() -> dict[str, Any]:
 # -- rendering ------------------------------------------------------------------------------
 
 
-def _gib(n: int) -> str:
-    return f"{n / _GIB:.1f}"
-
-
 def _section(title: str, rows: list[tuple[str, str]]) -> list[str]:
     width = max((len(key) for key, _ in rows), default=0)
     return [title, *(f"  {key.ljust(width)}  {value}" for key, value in rows), ""]
@@ -335,7 +331,7 @@ def _llama_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
         ("GPU offload", "yes" if info["gpu_offload"] else "no (CPU-only build)"),
     ]
     for i, d in enumerate(info["devices"]):
-        memory = f"{_gib(d['memory_free'])} / {_gib(d['memory_total'])} GiB free"
+        memory = f"{gib(d['memory_free'], 1, unit=False)} / {gib(d['memory_total'], 1)} free"
         device = f"{d['name']} ({d['kind']}, {d['description']}): {memory}"
         rows.append(("devices" if i == 0 else "", device))
     if not info["devices"]:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.models import secrets
-from app.models.library import Library, LibraryError, ModelEntry, format_bytes
+from app.models.library import Library, LibraryError, ModelEntry
+from app.units import decimal_bytes
 
 if TYPE_CHECKING:  # downloads import huggingface_hub: only the commands that use it pay
     from app.models.downloads import Downloads, Progress
@@ -100,7 +101,7 @@ def _describe(model: ModelEntry) -> str:
         f"  parameters    {_count(model.parameters)}",
         f"  quantization  {model.quantization or '-'}",
         f"  context       {model.context_length or '-'}",
-        f"  size          {format_bytes(model.size_bytes)} in {len(model.files)} file(s)",
+        f"  size          {decimal_bytes(model.size_bytes)} in {len(model.files)} file(s)",
         f"  chat template {'yes' if model.chat_template else 'no'}",
     ]
     if model.expert_count:
@@ -126,12 +127,12 @@ def _list(args: argparse.Namespace) -> int:
             _count(m.parameters),
             m.quantization or "-",
             str(m.context_length or "-"),
-            format_bytes(m.size_bytes),
+            decimal_bytes(m.size_bytes),
             m.id,
         ]
         for m in models
     ]
-    summary = f"{len(models)} model(s), {format_bytes(total)} on disk"
+    summary = f"{len(models)} model(s), {decimal_bytes(total)} on disk"
     data = {
         "models": [m.to_dict() for m in models],
         "total_bytes": total,
@@ -165,7 +166,7 @@ def _delete(args: argparse.Namespace) -> int:
     if not args.yes:
         if not sys.stdin.isatty():
             raise LibraryError(f"Deleting {model.name} needs --yes when not run interactively.")
-        what = "its link" if model.linked else f"{format_bytes(model.size_bytes)} of files"
+        what = "its link" if model.linked else f"{decimal_bytes(model.size_bytes)} of files"
         answer = input(f"Delete {model.name} ({what} and its KV snapshots)? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("Nothing deleted.")
@@ -196,10 +197,10 @@ def _folders(args: argparse.Namespace) -> int:
 
 
 def _progress_line(p: Progress) -> str:
-    speed = f"{format_bytes(int(p.speed))}/s" if p.speed else "-"
+    speed = f"{decimal_bytes(int(p.speed))}/s" if p.speed else "-"
     eta = f"{int(p.eta_s) // 60}m{int(p.eta_s) % 60:02d}s" if p.eta_s is not None else "-"
     return (
-        f"{p.repo}: {format_bytes(p.done_bytes)} / {format_bytes(p.total_bytes)} "
+        f"{p.repo}: {decimal_bytes(p.done_bytes)} / {decimal_bytes(p.total_bytes)} "
         f"({p.fraction:.0%})  {speed}  ETA {eta}  files {p.files_done}/{p.files_total}"
     )
 
@@ -254,7 +255,7 @@ def _download(args: argparse.Namespace) -> int:
         if args.list:
             listing = list_repo(repo, revision=args.revision)
             rows = [["GROUP", "SIZE", "FILES"]] + [
-                [g.key, format_bytes(g.size), ", ".join(f.name for f in g.files)]
+                [g.key, decimal_bytes(g.size), ", ".join(f.name for f in g.files)]
                 for g in listing.groups
             ]
             data = {
@@ -292,7 +293,7 @@ def _catalog(args: argparse.Namespace) -> int:
         [
             e.id,
             e.name + ("" if e.checked else " *"),
-            format_bytes(e.size_bytes),
+            decimal_bytes(e.size_bytes),
             fits[e.id].verdict + (" †" if fits[e.id].basis == "planner" else ""),
             fits[e.id].speed or "-",
         ]
@@ -300,7 +301,7 @@ def _catalog(args: argparse.Namespace) -> int:
     ]
     text = (
         f"{_table(rows)}\n"
-        f"This machine: {format_bytes(room.gpu_bytes)} GPU, {format_bytes(room.ram_bytes)} RAM. "
+        f"This machine: {decimal_bytes(room.gpu_bytes)} GPU, {decimal_bytes(room.ram_bytes)} RAM. "
         "* repo not checked against the hub.\n"
         f"† the offload planner's placement at {PLAN_CONTEXT:,} context (others: by size); "
         "`--json` has the detail.\n"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from app.engine.protocol import EngineError
-from app.hardware.memory import GIB, KV_TYPES
+from app.hardware.memory import KV_TYPES
 from app.hardware.planner import (
     PROFILES,
     DeviceBudget,
@@ -24,6 +24,7 @@ from app.hardware.planner import (
     plan_to_dict,
     refine,
 )
+from app.units import gib
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _NAMES = {"cuda": "CUDA", "rocm": "ROCm", "hip": "ROCm", "metal": "MTL", "vulkan": "Vulkan"}
@@ -57,10 +58,6 @@ def parse_devices(specs: list[str]) -> list[DeviceBudget]:
     return devices
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f}"
-
-
 def _experts(d) -> str:
     parts = []
     if d.expert_layers_full:
@@ -83,15 +80,18 @@ def render(p: Plan) -> str:
     for d in p.devices:
         layers = f"{d.layers[0]}-{d.layers[1]}" if d.layers else "-"
         flag = "  OVER" if d.total > d.budget else ""
+        weights, kv, compute, total, budget = (
+            gib(n, 2, unit=False) for n in (d.weights, d.kv, d.compute, d.total, d.budget)
+        )
         lines.append(
-            f"{d.name:8} {layers:>9} {_gib(d.weights):>9} {_gib(d.kv):>8} {_gib(d.compute):>8} "
-            f"{_gib(d.total):>9} {_gib(d.budget):>9}  {_experts(d)}{flag}"
+            f"{d.name:8} {layers:>9} {weights:>9} {kv:>8} {compute:>8} {total:>9} {budget:>9}  "
+            f"{_experts(d)}{flag}"
         )
     lines.append("")
     if p.expert_bytes_total:
         lines.append(
             f"Experts on GPUs: {p.expert_layers_on_gpu:.1f} of {p.n_layer} layers "
-            f"({_gib(p.expert_bytes_gpu)} of {_gib(p.expert_bytes_total)} GiB)."
+            f"({gib(p.expert_bytes_gpu, 2, unit=False)} of {gib(p.expert_bytes_total, 2)})."
         )
     lines.append("Fits." if p.fits else f"Does not fit. {p.minimum}")
     lines += [f"Note: {w}" for w in p.warnings]

@@ -200,7 +200,7 @@ class KVStore:
             candidates = [(k, "ram", e.token_bytes) for k, e in self._ram.items()]
             candidates += [(k, "disk", e.token_bytes) for k, e in self._disk.items()]
         for key, tier, token_bytes in candidates:
-            common = _common_prefix(query, token_bytes)
+            common = common_prefix(query, token_bytes) // _TOKEN_SIZE
             if common >= 1 and (found is None or common > found.common):
                 found = Match(key, tier, common, len(token_bytes) // _TOKEN_SIZE)
         return found
@@ -490,20 +490,29 @@ def _unpack_tokens(token_bytes: bytes) -> tuple[int, ...]:
     return struct.unpack(f"<{len(token_bytes) // _TOKEN_SIZE}I", token_bytes)
 
 
-def _common_prefix(a: bytes, b: bytes) -> int:
-    """Tokens two packed sequences share from the start.
+def common_prefix(a: Sequence[int] | bytes, b: Sequence[int] | bytes) -> int:
+    """How many items two sequences share from the start: tokens of two lists, or bytes of
+    two packed token strings (divide by the token size).
 
-    Binary search over `startswith` (a memcmp, no copy): a Python loop over a long
-    conversation would cost milliseconds per snapshot on every turn.
+    Gallops then bisects over slice comparisons, which run in C: work grows with the shared
+    prefix, not the length, and a Python loop over a long conversation would cost
+    milliseconds on every turn.
     """
-    view = memoryview(b)
-    lo, hi = 0, min(len(a), len(b)) // _TOKEN_SIZE
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a.startswith(view[: mid * _TOKEN_SIZE]):
+    n = min(len(a), len(b))
+    lo, step = 0, 64
+    while lo < n:
+        hi = min(lo + step, n)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, step = hi, step * 2
+    else:
+        return n
+    while hi - lo > 1:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
             lo = mid
         else:
-            hi = mid - 1
+            hi = mid
     return lo
 
 

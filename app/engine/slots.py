@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from app.engine.kvstore import KVStore
+from app.engine.kvstore import KVStore, common_prefix
 from app.engine.protocol import (
     CancelToken,
     ContextOverflowError,
@@ -37,15 +37,6 @@ from app.engine.protocol import (
 )
 
 RESTORE_MIN_GAIN = 32  # tokens a snapshot or another sequence must add to be worth copying
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many tokens two sequences share from the start."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass(kw_only=True)

@@ -27,7 +27,6 @@ chooses among them (micro-batch, profile) and says why.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -36,7 +35,6 @@ from typing import Literal
 from app.engine.gguf_info import GGUFInfo
 from app.hardware.memory import (
     COMPUTE_CALIBRATION,
-    GIB,
     ContextShape,
     is_dsv4,
     measure_dry_run,
@@ -52,6 +50,7 @@ from app.hardware.placement import (
     server_command,
     tensor_pieces,
 )
+from app.units import gib
 
 Profile = Literal["balanced", "prefill-heavy", "decode-heavy"]
 PROFILES: tuple[Profile, ...] = ("balanced", "prefill-heavy", "decode-heavy")
@@ -125,11 +124,6 @@ class Plan:
 
 
 # -- the plan -------------------------------------------------------------------------------
-
-
-def _gib(n: float) -> str:
-    """GiB to one decimal, rounded up: a shortfall of 30 MiB is 0.1 GiB, not 0.0."""
-    return f"{math.ceil(n / GIB * 10) / 10:,.1f} GiB"
 
 
 def _experts_by_device(groups: Sequence[Group], per_layer: dict[int, int]):
@@ -385,7 +379,7 @@ def _best(
             notes.append(
                 f"Micro-batch {ub}: {nxt.shape.n_ubatch} would speed up prefill (experts in "
                 "RAM are copied to the first GPU once per micro-batch) but its compute "
-                f"buffers would push {_gib(max(lost, 0))} more experts into RAM."
+                f"buffers would push {gib(max(lost, 0), 1, up=True)} more experts into RAM."
             )
     if chosen.host_groups and profile == "decode-heavy" and len(layouts) == 1 and not n_ubatch:
         notes.append("Decode-heavy: micro-batch 512 keeps the most experts on the GPUs.")
@@ -402,14 +396,14 @@ def _minimum(
     parts = []
     gpu_short, ram_short = layout.gpu_over, layout.ram_over
     if gpu_short and devices:
-        need = f"needs {_gib(gpu_short)} more GPU memory"
+        need = f"needs {gib(gpu_short, 1, up=True)} more GPU memory"
         if ram_short:
-            need += f" and {_gib(ram_short)} more RAM"
+            need += f" and {gib(ram_short, 1, up=True)} more RAM"
         parts.append(need)
     elif ram_short:
         parts.append(
-            f"needs {_gib(ram_short)} more RAM"
-            + (f" or {_gib(ram_short)} more GPU memory" if devices else "")
+            f"needs {gib(ram_short, 1, up=True)} more RAM"
+            + (f" or {gib(ram_short, 1, up=True)} more GPU memory" if devices else "")
         )
     choices = []
 

@@ -49,7 +49,6 @@ from app.models.hub import (
     hub_endpoint,
     list_repo,
 )
-from app.models.library import format_bytes
 from app.models.transfer import (
     SAMPLES,
     Digest,
@@ -60,6 +59,7 @@ from app.models.transfer import (
     Stopped,
     progress_meter,
 )
+from app.units import decimal_bytes
 
 logger = logging.getLogger("stoke.downloads")
 
@@ -214,8 +214,8 @@ class Downloads:
         free = library.disk_free(where)
         if needed > free:
             raise DownloadError(
-                f"Not enough disk space for {job.repo}: it needs {format_bytes(needed)}, "
-                f"{format_bytes(free)} free on {where}."
+                f"Not enough disk space for {job.repo}: it needs {decimal_bytes(needed)}, "
+                f"{decimal_bytes(free)} free on {where}."
             )
 
     def _count_present(self, job: JobState) -> None:
@@ -411,7 +411,7 @@ class Downloads:
                 free = library.disk_free(self._staging_root)
                 message = (
                     f"The disk filled up while downloading {file.name}: {job.repo} needs "
-                    f"{format_bytes(needed)} more, {format_bytes(free)} free on "
+                    f"{decimal_bytes(needed)} more, {decimal_bytes(free)} free on "
                     f"{self._staging_root}. Free some space, then resume."
                 )
             with self._lock:

@@ -21,7 +21,8 @@ from huggingface_hub.errors import (
 )
 
 from app.models import secrets
-from app.models.library import LibraryError, format_bytes
+from app.models.library import LibraryError
+from app.units import decimal_bytes
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _SPLIT = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.gguf$")
@@ -79,7 +80,7 @@ class RepoListing:
         raise DownloadError(f"{self.repo} has no {key}. It has: {self.describe_groups()}.")
 
     def describe_groups(self) -> str:
-        return ", ".join(f"{g.key} ({format_bytes(g.size)})" for g in self.groups) or "no models"
+        return ", ".join(f"{g.key} ({decimal_bytes(g.size)})" for g in self.groups) or "no models"
 
 
 def group_key(filename: str) -> str | None:

@@ -27,6 +27,7 @@ from app.engine.gguf_info import inspect_gguf
 from app.engine.model_file import fingerprint
 from app.engine.protocol import ModelLoadError
 from app.models import load_settings
+from app.units import decimal_bytes
 
 ModelFormat = Literal["gguf", "mlx"]
 ImportMode = Literal["copy", "move", "link"]
@@ -95,14 +96,6 @@ class Deletion:
     kv_folder: Path  # where the model's KV snapshots are filed
     kv_files: int
     kv_bytes: int
-
-
-def format_bytes(n: int) -> str:
-    """Sizes as download pages print them (decimal units), for messages."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
 
 
 def disk_free(path: Path) -> int:
@@ -487,7 +480,7 @@ class Library:
             if needed > free:
                 raise LibraryError(
                     f"Not enough disk space to import {model.name}: it needs "
-                    f"{format_bytes(needed)}, {format_bytes(free)} free on {target_dir}."
+                    f"{decimal_bytes(needed)}, {decimal_bytes(free)} free on {target_dir}."
                 )
         rename = mode == "move" and same_disk
         placed: list[tuple[Path, Path]] = []

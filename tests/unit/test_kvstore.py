@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import struct
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from app import paths
-from app.engine.kvstore import KVStore, Match, Snapshot
+from app.engine.kvstore import KVStore, Match, Snapshot, common_prefix
 
 FP = "fp-a"
 ENGINE = "llama.cpp"
@@ -471,3 +472,23 @@ def test_a_snapshot_over_the_disk_budget_keeps_the_previous_one(kv_dir: Path) ->
 def test_snapshot_files_are_private(kv_dir: Path) -> None:
     file = written(kv_dir, "chat", [1], b"state")
     assert file.stat().st_mode & 0o777 == 0o600
+
+
+def test_common_prefix_on_lists_and_packed_tokens() -> None:
+    """The one common-prefix helper agrees with a plain scan, on token lists and on packed
+    bytes, across every split point the gallop and the bisection can land on."""
+
+    def scan(a: list[int], b: list[int]) -> int:
+        i = 0
+        while i < min(len(a), len(b)) and a[i] == b[i]:
+            i += 1
+        return i
+
+    rng = random.Random(7)
+    for _ in range(500):
+        a = [rng.randrange(3) for _ in range(rng.randrange(400))]
+        b = a[: rng.randrange(len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(200))]
+        want = scan(a, b)
+        assert common_prefix(a, b) == want
+        packed = [struct.pack(f"<{len(x)}I", *x) for x in (a, b)]
+        assert common_prefix(*packed) // 4 == want

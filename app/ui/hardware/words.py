@@ -3,8 +3,8 @@ names of engines, profiles and KV types. No widgets here."""
 
 from __future__ import annotations
 
-from app.hardware.memory import GIB
 from app.hardware.planner import DevicePlan, Plan, describe_choice
+from app.units import GIB, gib
 
 ENGINE_TEXT = {"llama.cpp": "llama.cpp", "mlx": "MLX"}  # a plan places tensors for llama.cpp
 
@@ -36,16 +36,10 @@ KV_TEXT = {
 }
 
 
-def gib(n: float) -> str:
-    """Bytes as GiB, readable at a glance: 2 decimals below 10 GiB, 1 above."""
-    value = n / GIB
-    return f"{value:,.2f} GiB" if abs(value) < 10 else f"{value:,.1f} GiB"
-
-
 def gib_pair(used: int, budget: int) -> str:
     """ "10.3 / 11.1 GiB": both numbers with the same decimals."""
     digits = 2 if max(abs(used), abs(budget)) < 10 * GIB else 1
-    return f"{used / GIB:,.{digits}f} / {budget / GIB:,.{digits}f} GiB"
+    return f"{gib(used, digits, unit=False)} / {gib(budget, digits)}"
 
 
 def file_size(n: int) -> str:

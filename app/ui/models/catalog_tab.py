@@ -21,11 +21,11 @@ from PySide6.QtWidgets import (
 
 from app.hardware.detect import Hardware
 from app.models.catalog import DOES_NOT_FIT, CatalogEntry, Fit, assess
-from app.models.library import format_bytes
 from app.ui.a11y import described
 from app.ui.models.download_row import DownloadRow
 from app.ui.models.widgets import FitBadge, tab_page, text_label
 from app.ui.models.words import format_context, machine_summary
+from app.units import decimal_bytes
 
 
 class CatalogCard(QFrame):
@@ -54,7 +54,7 @@ class CatalogCard(QFrame):
         notes = text_label(entry.notes, "", self)
         notes.setWordWrap(True)
         self.badge = FitBadge(self)
-        self.size_label = text_label(f"{format_bytes(entry.size_bytes)}", "card-title", self)
+        self.size_label = text_label(f"{decimal_bytes(entry.size_bytes)}", "card-title", self)
         self.size_label.setAccessibleName("Download size")
         self.size_label.setToolTip("About this much is downloaded and kept on disk")
         self.download_button = QPushButton("Download", self)
@@ -62,7 +62,7 @@ class CatalogCard(QFrame):
         described(
             self.download_button,
             f"Download {entry.name}",
-            f"Download {format_bytes(entry.size_bytes)} from {entry.repo}",
+            f"Download {decimal_bytes(entry.size_bytes)} from {entry.repo}",
         )
         grid.addWidget(title, 0, 0)
         grid.addWidget(meta, 1, 0)
@@ -110,7 +110,7 @@ class CatalogCard(QFrame):
             button.setToolTip("Being downloaded: see the Downloads tab")
         else:
             entry = self.entry
-            tip = f"Download {format_bytes(entry.size_bytes)} from {entry.repo}"
+            tip = f"Download {decimal_bytes(entry.size_bytes)} from {entry.repo}"
             if not self._fits:
                 tip += " (it does not fit this machine: for another computer or a bigger one)"
             button.setToolTip(tip)

@@ -16,10 +16,10 @@ from PySide6.QtWidgets import (
 )
 
 from app.models.downloads import Progress
-from app.models.library import format_bytes
 from app.ui.a11y import described
 from app.ui.models.widgets import pill, text_label
 from app.ui.models.words import AMBER, GREEN, RED, STATE_TEXT, format_eta
+from app.units import decimal_bytes
 
 
 class DownloadRow(QFrame):
@@ -120,17 +120,17 @@ class DownloadRow(QFrame):
             self.bar.setValue(round(1000 * progress.fraction))
         else:
             self.bar.setRange(0, 0 if progress.state == "running" else 1000)
-        done = format_bytes(progress.done_bytes)
-        total = format_bytes(progress.total_bytes) if progress.total_bytes else "?"
+        done = decimal_bytes(progress.done_bytes)
+        total = decimal_bytes(progress.total_bytes) if progress.total_bytes else "?"
         parts = [f"{done} of {total}"]
         if progress.state == "running":
             if progress.speed > 0:
-                parts.append(f"{format_bytes(int(progress.speed))}/s")
+                parts.append(f"{decimal_bytes(int(progress.speed))}/s")
                 parts.append(format_eta(progress.eta_s))
             else:
                 parts.append("waiting for data")
         elif progress.state == "done":
-            parts = [f"{format_bytes(progress.total_bytes)} · every file verified"]
+            parts = [f"{decimal_bytes(progress.total_bytes)} · every file verified"]
         self.detail.setText(" · ".join(parts))
         if progress.state == "done":
             files = f"In {progress.destination}"

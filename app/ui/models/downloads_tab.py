@@ -27,11 +27,12 @@ from PySide6.QtWidgets import (
 
 from app.models import secrets
 from app.models.downloads import Progress, RepoListing, list_repo
-from app.models.library import LibraryError, format_bytes
+from app.models.library import LibraryError
 from app.ui.a11y import described
 from app.ui.models.download_row import DownloadRow
 from app.ui.models.widgets import EmptyState, confirm, tab_page
 from app.ui.models.words import EMPTY_DOWNLOADS
+from app.units import decimal_bytes
 
 
 class DownloadsTab:
@@ -315,7 +316,7 @@ class DownloadsTab:
             for group in listing.groups:
                 parts = f", {len(group.files)} parts" if len(group.files) > 1 else ""
                 self.group_combo.addItem(
-                    f"{group.key} · {format_bytes(group.size)}{parts}", (listing.repo, group.key)
+                    f"{group.key} · {decimal_bytes(group.size)}{parts}", (listing.repo, group.key)
                 )
             if not listing.groups:
                 self.show_error(f"{listing.repo} has no GGUF or MLX model to download.")

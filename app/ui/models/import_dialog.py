@@ -18,10 +18,11 @@ from PySide6.QtWidgets import (
 )
 
 from app import paths
-from app.models.library import ImportMode, format_bytes
+from app.models.library import ImportMode
 from app.ui import theme
 from app.ui.a11y import described
 from app.ui.models.widgets import text_label
+from app.units import decimal_bytes
 
 IMPORT_MODES: tuple[tuple[ImportMode, str, str], ...] = (
     (
@@ -129,7 +130,7 @@ class ImportDialog(QDialog):
         elif not ok:
             self.size_label.setText("Nothing at that path.")
         elif path.is_file():
-            self.size_label.setText(f"{path.name} · {format_bytes(path.stat().st_size)}")
+            self.size_label.setText(f"{path.name} · {decimal_bytes(path.stat().st_size)}")
         else:
             self.size_label.setText(f"{path.name} (folder)")
 

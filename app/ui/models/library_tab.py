@@ -45,7 +45,7 @@ from PySide6.QtWidgets import (
 
 from app import paths
 from app.models import load_settings
-from app.models.library import ImportMode, LibraryError, ModelEntry, format_bytes
+from app.models.library import ImportMode, LibraryError, ModelEntry
 from app.ui.a11y import described
 from app.ui.models.import_dialog import ImportDialog
 from app.ui.models.widgets import ElidedLabel, EmptyState, confirm, pill, tab_page, text_label
@@ -58,6 +58,7 @@ from app.ui.models.words import (
     format_context,
     format_parameters,
 )
+from app.units import decimal_bytes
 
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 ID_ROLE = Qt.ItemDataRole.UserRole + 2
@@ -357,7 +358,7 @@ class LibraryTab:
         self.library_stack.setCurrentWidget(self.library_empty if not models else self.splitter)
         total = sum(m.size_bytes for m in models if not m.linked)
         count = f"{len(models)} model{'s' if len(models) != 1 else ''}"
-        self.total_label.setText(f"{count} · {format_bytes(total)} on disk")
+        self.total_label.setText(f"{count} · {decimal_bytes(total)} on disk")
         self.total_label.setToolTip(
             f"Linked models live elsewhere and are not counted. Folders: "
             f"{', '.join(str(f) for f in self.library.folders())}"
@@ -380,7 +381,7 @@ class LibraryTab:
             (format_parameters(model.parameters), model.parameters or -1),
             (model.quantization or "—", model.quantization or ""),
             (format_context(model.context_length), model.context_length or -1),
-            (format_bytes(model.size_bytes), model.size_bytes),
+            (decimal_bytes(model.size_bytes), model.size_bytes),
         )
         items = []
         for text, key in values:
@@ -448,7 +449,7 @@ class LibraryTab:
             "Context": (
                 f"{model.context_length:,} tokens" if model.context_length else "not recorded"
             ),
-            "Size on disk": format_bytes(model.size_bytes)
+            "Size on disk": decimal_bytes(model.size_bytes)
             + (" (elsewhere: linked)" if model.linked else ""),
         }
         for fact, text in facts.items():
@@ -563,11 +564,11 @@ class LibraryTab:
         elif model.format == "mlx":
             lines.append(
                 f"• the folder {model.path} ({len(model.files)} files, "
-                f"{format_bytes(model.size_bytes)})"
+                f"{decimal_bytes(model.size_bytes)})"
             )
         else:
             for file, size in plan.files:
-                lines.append(f"• {file} ({format_bytes(size)})")
+                lines.append(f"• {file} ({decimal_bytes(size)})")
         count = plan.kv_files
         shared = any(m.id == model.id and m.path != model.path for m in self.models)
         if shared:
@@ -575,7 +576,7 @@ class LibraryTab:
         elif count:
             lines.append(
                 f"• {count} KV snapshot file{'s' if count != 1 else ''} "
-                f"({format_bytes(plan.kv_bytes)}) in {plan.kv_folder}"
+                f"({decimal_bytes(plan.kv_bytes)}) in {plan.kv_folder}"
             )
         else:
             lines.append("• its KV snapshots (none saved yet)")
