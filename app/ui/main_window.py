@@ -61,13 +61,13 @@ from app.ui.sidebar import Sidebar
 log = logging.getLogger("stoke.ui")
 
 STATE_LABELS = {
-    EngineState.STOPPED: ("Stopped", "#8a8f98"),
-    EngineState.LOADING: ("Loading model…", "#c98a12"),
-    EngineState.READY: ("Ready", "#2e9d5b"),
-    EngineState.PREFILLING: ("Prefilling…", "#2f6fde"),
-    EngineState.GENERATING: ("Generating…", "#7b4fd6"),
-    EngineState.CRASHED: ("Crashed — restarting", "#c0392b"),
-    EngineState.FAILED: ("Model failed to load", "#c0392b"),
+    EngineState.STOPPED: ("Stopped", theme.STATUS["idle"]),
+    EngineState.LOADING: ("Loading model…", theme.STATUS["warn"]),
+    EngineState.READY: ("Ready", theme.STATUS["ok"]),
+    EngineState.PREFILLING: ("Prefilling…", theme.STATUS["busy"]),
+    EngineState.GENERATING: ("Generating…", theme.STATUS["generating"]),
+    EngineState.CRASHED: ("Crashed — restarting", theme.STATUS["error"]),
+    EngineState.FAILED: ("Model failed to load", theme.STATUS["error"]),
 }
 
 
@@ -457,7 +457,7 @@ class MainWindow(QMainWindow):
     # -- engine, theme, settings --
 
     def _engine_state(self, state: EngineState, detail: str) -> None:
-        text, color = STATE_LABELS.get(state, (str(state), "#8a8f98"))
+        text, color = STATE_LABELS.get(state, (str(state), theme.STATUS["idle"]))
         self.state_label.setText(text)
         self.state_label.setStyleSheet(f"background: {color}; color: white;")
         info = self.session.engine.info

@@ -20,6 +20,8 @@ from pygments.lexer import Lexer
 from pygments.lexers import TextLexer, get_lexer_by_name, guess_lexer
 from pygments.util import ClassNotFound
 
+from app.ui import theme
+
 MONO_FONTS = "'JetBrains Mono', 'SF Mono', Menlo, Consolas, 'DejaVu Sans Mono', monospace"
 _BLOCK_GAP_PX = 10
 _LINE_HEIGHT = "130%"  # Qt's default leading is tight for paragraphs of prose
@@ -50,26 +52,8 @@ class _Colors:
     link: str
 
 
-_LIGHT = _Colors(
-    code_style="default",
-    code_bg="#f6f8fa",
-    code_header_bg="#eaeef2",
-    code_header_fg="#57606a",
-    border="#d0d7de",
-    inline_code_bg="#eceef1",
-    quote_fg="#57606a",
-    link="#0969da",
-)
-_DARK = _Colors(
-    code_style="one-dark",
-    code_bg="#1e2127",
-    code_header_bg="#2a2e36",
-    code_header_fg="#9aa3b0",
-    border="#3a3f4b",
-    inline_code_bg="#363a42",
-    quote_fg="#9aa3b0",
-    link="#58a6ff",
-)
+_LIGHT = _Colors(**theme.MARKDOWN["light"])
+_DARK = _Colors(**theme.MARKDOWN["dark"])
 
 
 def split_reasoning(text: str) -> tuple[str | None, str]:

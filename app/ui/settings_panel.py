@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 from app.conversations import ConversationStore, StoreError
 from app.engine.protocol import SamplingParams
 from app.session import DEFAULT_MAX_TOKENS
+from app.ui import theme
 
 SAVE_DEBOUNCE_MS = 300
 MAX_TOKENS_LIMIT = 1_048_576
@@ -38,13 +39,6 @@ _DEFAULTS = SamplingParams()
 # What Reset removes: every sampling key Stoke knows, so each follows the default again.
 SAMPLING_KEYS = ("temperature", "top_p", "min_p", "top_k", "seed", "max_tokens", "reasoning")
 _SEED_DIGITS = 9  # every 9-digit number fits the engines' 32-bit seeds
-_STYLE = """
-QPlainTextEdit#system-prompt, QLineEdit#seed { border: 1px solid palette(mid);
-    border-radius: 6px; background: palette(base); padding: 4px; }
-QPlainTextEdit#system-prompt:focus, QLineEdit#seed:focus { border-color: palette(highlight); }
-QPushButton#reset-settings { border: 1px solid palette(mid); background: palette(button); }
-QPushButton#reset-settings:hover { background: palette(alternate-base); }
-"""
 
 
 class _SliderSpin(QWidget):
@@ -101,7 +95,7 @@ class ConversationSettings(QWidget):
         super().__init__(parent)
         self.setObjectName("conversation-settings")
         self.setMinimumWidth(300)
-        self.setStyleSheet(_STYLE)
+        self.setStyleSheet(theme.stylesheet("settings.qss"))
         self._store = store
         self._conversation_id: str | None = None
         self._pending: dict[str, Any] = {}  # sampling edits not saved yet; None removes a key

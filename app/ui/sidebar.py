@@ -59,6 +59,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.conversations import Conversation, ConversationStore, SearchHit, StoreError
+from app.ui import theme
 
 UNTITLED = "New conversation"
 SEARCH_DEBOUNCE_MS = 200
@@ -78,19 +79,6 @@ _MARGIN = 6  # between a row's highlight and the list's edge
 _PAD = 10  # between the highlight and the text
 _SNIPPET_LINES = 2
 _RENAME_KEY, _PIN_KEY, _DELETE_KEY = "F2", "Ctrl+Shift+P", "Delete"
-_STYLE = """
-QPushButton#new-chat { border: 1px solid palette(mid); background: palette(base);
-    padding: 7px 14px; font-weight: 600; }
-QPushButton#new-chat:hover { background: palette(alternate-base); }
-QLineEdit#search-field { border: 1px solid palette(mid); border-radius: 8px;
-    background: palette(base); padding: 5px 6px; }
-QLineEdit#search-field:focus { border-color: palette(highlight); }
-QFrame#undo-bar { background: palette(alternate-base); border: 1px solid palette(mid);
-    border-radius: 8px; }
-QPushButton#undo-button { color: palette(link); font-weight: 600; border: none;
-    padding: 2px 6px; background: transparent; }
-QPushButton#undo-button:hover { text-decoration: underline; }
-"""
 
 
 def date_group(updated_at: float, today: date) -> str:
@@ -289,7 +277,7 @@ class Sidebar(QWidget):
         super().__init__(parent)
         self.setObjectName("sidebar")
         self.setMinimumWidth(220)
-        self.setStyleSheet(_STYLE)
+        self.setStyleSheet(theme.stylesheet("sidebar.qss"))
         self._store = store
         self._current_id: str | None = None
         self._deleted: tuple[str, bool] | None = None  # (id, was open) while Undo is offered

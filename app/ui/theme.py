@@ -25,6 +25,7 @@ STATUS: dict[str, str] = _COLORS["status"]  # ok, warn, error, idle, busy, gener
 CHART: dict[str, str] = _COLORS["chart"]  # the memory plan's weights, kv and compute
 BANNER: dict[str, dict[str, list[str]]] = _COLORS["banner"]  # kind -> theme -> [bg, fg]
 CHAT: dict[str, dict[str, str]] = _COLORS["chat"]  # theme -> base, text, warning
+MARKDOWN: dict[str, dict[str, str]] = _COLORS["markdown"]  # theme -> code, quote, link colours
 
 
 @functools.cache
