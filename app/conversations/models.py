@@ -26,6 +26,7 @@ class Conversation:
     current_leaf_id: str | None
     draft: str
     model: str | None
+    imported_at: float | None = None  # set when the conversation came from an export file
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Message:
     stats: dict | None
     created_at: float
     updated_at: float
+    attachments: list[dict] | None = None  # files sent with a user message (schema v4)
 
 
 @dataclass(frozen=True)

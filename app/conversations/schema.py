@@ -91,10 +91,18 @@ ALTER TABLE messages ADD COLUMN writer TEXT;
 ALTER TABLE conversations ADD COLUMN writer TEXT;
 """
 
+# Files attached to a message (JSON: name, kind, token count, extracted text; the message's
+# token_ids already hold their tokens), and when a conversation came from an export file.
+_V4_ATTACHMENTS = """
+ALTER TABLE messages ADD COLUMN attachments TEXT;
+ALTER TABLE conversations ADD COLUMN imported_at REAL;
+"""
+
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1_TABLES),
     (2, _V2_SEARCH),
     (3, _V3_WRITERS),
+    (4, _V4_ATTACHMENTS),
 )
 LATEST = MIGRATIONS[-1][0]
 

@@ -165,7 +165,7 @@ class ConversationStore:
         )
         self._execute(
             f"INSERT INTO conversations ({_CONVERSATION_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, 0, NULL, ?, ?, NULL, '', ?)",
+            "VALUES (?, ?, ?, ?, 0, NULL, ?, ?, NULL, '', ?, NULL)",
             (
                 conversation.id,
                 title,
@@ -329,7 +329,7 @@ class ConversationStore:
         writer = self._lease.id if self._lease and message.status == "streaming" else None
         self._conn.execute(
             f"INSERT INTO messages ({', '.join(_MESSAGE_FIELDS)}, writer) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 message.id,
                 message.conversation_id,
@@ -343,6 +343,7 @@ class ConversationStore:
                 _dumps(message.stats),
                 message.created_at,
                 message.updated_at,
+                None if message.attachments is None else json.dumps(message.attachments),
                 writer,
             ),
         )
@@ -614,6 +615,7 @@ def _new_message(
     status: str = "complete",
     finish_reason: str | None = None,
     stats: dict | None = None,
+    attachments: list[dict] | None = None,
 ) -> Message:
     """A message not yet stored, with a fresh id, created and updated `now`."""
     return Message(
@@ -629,6 +631,7 @@ def _new_message(
         stats=stats,
         created_at=now,
         updated_at=now,
+        attachments=attachments,
     )
 
 
@@ -643,6 +646,8 @@ def _message(row: tuple) -> Message:
     values = dict(zip(_MESSAGE_FIELDS, row, strict=True))
     values["token_ids"] = _unpack(values["token_ids"])
     values["stats"] = None if values["stats"] is None else json.loads(values["stats"])
+    if values["attachments"] is not None:
+        values["attachments"] = json.loads(values["attachments"])
     return Message(**values)
 
 
