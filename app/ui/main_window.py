@@ -17,13 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, Qt
-from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
+from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
-    QHBoxLayout,
-    QLabel,
     QMainWindow,
     QSplitter,
     QVBoxLayout,
@@ -51,7 +49,10 @@ from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
 from app.ui.composer import Composer
+from app.ui.elided import ElidedLabel
 from app.ui.hardware import HardwareWizard
+from app.ui.header import Header
+from app.ui.menus import build_menus
 from app.ui.message_view import MessageView
 from app.ui.models import ModelsDialog
 from app.ui.remote_settings import RemoteSettingsDialog
@@ -105,7 +106,11 @@ class MainWindow(QMainWindow):
         self.chat = ChatView(self)
         self.composer = Composer(self)
         self.banner = Banner(self)
-        self.header = self._build_header()
+        self.header = Header(self)
+        self.model_label = self.header.model_label
+        self.state_label = self.header.state_label
+        self.warm_label = self.header.warm_label
+        self.title_label = self.header.title_label
         right = QWidget(self)
         column = QVBoxLayout(right)
         column.setContentsMargins(0, 0, 0, 0)
@@ -128,7 +133,7 @@ class MainWindow(QMainWindow):
         self.settings_dock.setAccessibleName("Conversation settings")
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.settings_dock)
         self.settings_dock.hide()
-        self.status = QLabel("", self)
+        self.status = ElidedLabel("", self)
         self.status.setAccessibleName("Last turn statistics")
         self.status.setContentsMargins(12, 0, 0, 0)
         self.statusBar().addWidget(self.status, 1)
@@ -136,7 +141,7 @@ class MainWindow(QMainWindow):
         self.downloads = Downloads()
         threading.Thread(target=self.downloads.resume_pending, daemon=True).start()
         self.models_dialog: ModelsDialog | None = None
-        self._build_menus()
+        build_menus(self)
         self._connect()
         self.apply_theme(self._theme)
         session.engine.add_state_listener(self._engine_state)
@@ -146,81 +151,6 @@ class MainWindow(QMainWindow):
             self._engine_notice(notice)
 
     # -- layout --
-
-    def _build_header(self) -> QWidget:
-        header = QWidget(self)
-        header.setObjectName("header")
-        row = QHBoxLayout(header)
-        row.setContentsMargins(16, 10, 16, 10)
-        self.model_label = QLabel("", header)
-        self.model_label.setObjectName("model-name")
-        self.model_label.setAccessibleName("Current model")
-        self.state_label = QLabel("", header)
-        self.state_label.setObjectName("engine-state")
-        self.state_label.setAccessibleName("Engine state")
-        self.title_label = QLabel("", header)
-        self.title_label.setAccessibleName("Conversation title")
-        self.warm_label = QLabel("", header)
-        self.warm_label.setObjectName("warm-indicator")
-        self.warm_label.setAccessibleName("Conversation cache state")
-        self.warm_label.setToolTip(
-            "The conversation's KV cache is loaded: the next turn starts at once"
-        )
-        row.addWidget(self.model_label)
-        row.addWidget(self.state_label)
-        row.addWidget(self.warm_label)
-        row.addStretch(1)
-        row.addWidget(self.title_label)
-        return header
-
-    def _build_menus(self) -> None:
-        bar = self.menuBar()
-
-        def action(menu, text: str, slot: Callable, shortcut=None, name: str = "") -> QAction:
-            act = QAction(text, self)
-            if shortcut is not None:
-                act.setShortcut(shortcut)
-            act.triggered.connect(slot)
-            act.setObjectName(name or text)
-            menu.addAction(act)
-            self.addAction(act)  # shortcuts work even with the menu bar hidden
-            return act
-
-        file = bar.addMenu("&File")
-        action(file, "New Chat", self.new_conversation, QKeySequence.StandardKey.New)
-        action(file, "Import Conversation…", self._import_dialog)
-        action(file, "Export as Markdown…", lambda: self._export_dialog("md"))
-        action(file, "Export as JSON…", lambda: self._export_dialog("json"))
-        file.addSeparator()
-        action(file, "Models…", self.open_models, QKeySequence("Ctrl+Shift+M"))
-        file.addSeparator()
-        action(file, "Quit", self.close, QKeySequence.StandardKey.Quit)
-        edit = bar.addMenu("&Edit")
-        action(edit, "Find Conversations", self.sidebar.focus_search, QKeySequence.StandardKey.Find)
-        chat = bar.addMenu("&Chat")
-        action(chat, "Stop", self.stop, QKeySequence(Qt.Key.Key_Escape))
-        action(chat, "Regenerate Last Reply", self._regenerate_last, QKeySequence("Ctrl+R"))
-        view = bar.addMenu("&View")
-        action(
-            view,
-            "Conversation Settings",
-            self.toggle_settings,
-            QKeySequence.StandardKey.Preferences,
-        )
-        self.addAction(self._shortcut_action(QKeySequence("Ctrl+,"), self.toggle_settings))
-        settings_menu = bar.addMenu("&Settings")
-        action(settings_menu, "Hardware…", self.open_hardware_wizard, name="hardware")
-        action(settings_menu, "Remote Server…", self.open_remote_settings, name="remote")
-        action(settings_menu, "API Server…", self.open_api_server_settings, name="api-server")
-        themes = view.addMenu("Theme")
-        for name in theme.THEMES:
-            action(themes, name.title(), lambda _=False, n=name: self.apply_theme(n))
-
-    def _shortcut_action(self, keys: QKeySequence, slot: Callable) -> QAction:
-        act = QAction(self)
-        act.setShortcut(keys)
-        act.triggered.connect(slot)
-        return act
 
     def _connect(self) -> None:
         self.sidebar.conversation_selected.connect(self.open_conversation)

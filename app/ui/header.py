@@ -1,0 +1,54 @@
+"""The header above the chat: the model, the engine's state, the KV cache, the title.
+
+Every label here elides (app.ui.elided), so no text can widen the window. The model sits
+in one slot (`model_slot`) that `set_model_widget` can fill with a richer widget, such as a
+model picker, without touching the rest of the row.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
+
+from app.ui.elided import ElidedLabel
+
+WARM_TIP = "The conversation's KV cache is loaded: the next turn starts at once"
+
+
+class Header(QWidget):
+    """Model, state chip and cache state on the left; the conversation's title on the right."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("header")
+        self._row = QHBoxLayout(self)
+        self._row.setContentsMargins(16, 10, 16, 10)
+        self.model_label = ElidedLabel("", self)
+        self.model_label.setObjectName("model-name")
+        self.model_label.setAccessibleName("Current model")
+        self.model_slot: QWidget = self.model_label
+        self.state_label = QLabel("", self)  # a few words at most: never elided
+        self.state_label.setObjectName("engine-state")
+        self.state_label.setAccessibleName("Engine state")
+        self.warm_label = ElidedLabel("", self)
+        self.warm_label.setObjectName("warm-indicator")
+        self.warm_label.setAccessibleName("Conversation cache state")
+        self.warm_label.setToolTip(WARM_TIP)
+        self.title_label = ElidedLabel("", self)
+        self.title_label.setObjectName("conversation-title")
+        self.title_label.setAccessibleName("Conversation title")
+        self.title_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self._row.addWidget(self.model_slot)
+        self._row.addWidget(self.state_label)
+        self._row.addWidget(self.warm_label)
+        self._row.addWidget(self.title_label, 1)
+
+    def set_model_widget(self, widget: QWidget) -> None:
+        """Put `widget` where the model is shown (the label stays, hidden, for its text)."""
+        self._row.replaceWidget(self.model_slot, widget)
+        if self.model_slot is not self.model_label:
+            self.model_slot.deleteLater()
+        self.model_label.hide()
+        widget.setParent(self)
+        widget.show()
+        self.model_slot = widget

@@ -1,0 +1,75 @@
+"""The window's menu bar: File, Edit, Chat, View, Settings, each item with its shortcut.
+
+Every action is also added to the window itself, so its shortcut works with the menu bar
+hidden (as on some desktops). The actions call the window's methods; the menus own nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QMenu
+
+from app.ui import theme
+
+if TYPE_CHECKING:
+    from app.ui.main_window import MainWindow
+
+Keys = QKeySequence | QKeySequence.StandardKey | Sequence[QKeySequence] | None
+
+
+def add_action(
+    window: MainWindow, menu: QMenu, text: str, slot: Callable, keys: Keys = None, name: str = ""
+) -> QAction:
+    """An item of `menu` that runs `slot`; the first of several `keys` is the one shown."""
+    act = QAction(text, window)
+    if isinstance(keys, Sequence):
+        act.setShortcuts(list(keys))
+    elif keys is not None:
+        act.setShortcut(keys)
+    act.triggered.connect(slot)
+    act.setObjectName(name or text)
+    menu.addAction(act)
+    window.addAction(act)  # shortcuts work even with the menu bar hidden
+    return act
+
+
+def build_menus(window: MainWindow) -> None:
+    """The menu bar of `window`."""
+    bar = window.menuBar()
+
+    def action(menu: QMenu, text: str, slot: Callable, keys: Keys = None, name: str = ""):
+        return add_action(window, menu, text, slot, keys, name)
+
+    file = bar.addMenu("&File")
+    action(file, "New Chat", window.new_conversation, QKeySequence.StandardKey.New)
+    action(file, "Import Conversation…", window._import_dialog)
+    action(file, "Export as Markdown…", lambda: window._export_dialog("md"))
+    action(file, "Export as JSON…", lambda: window._export_dialog("json"))
+    file.addSeparator()
+    action(file, "Models…", window.open_models, QKeySequence("Ctrl+Shift+M"))
+    file.addSeparator()
+    action(file, "Quit", window.close, QKeySequence.StandardKey.Quit)
+    edit = bar.addMenu("&Edit")
+    action(edit, "Find Conversations", window.sidebar.focus_search, QKeySequence.StandardKey.Find)
+    chat = bar.addMenu("&Chat")
+    action(chat, "Stop", window.stop, QKeySequence(Qt.Key.Key_Escape))
+    action(chat, "Regenerate Last Reply", window._regenerate_last, QKeySequence("Ctrl+R"))
+    view = bar.addMenu("&View")
+    preferences = QKeySequence.keyBindings(QKeySequence.StandardKey.Preferences)
+    action(
+        view,
+        "Conversation Settings",
+        window.toggle_settings,
+        [QKeySequence("Ctrl+,"), *(k for k in preferences if k != QKeySequence("Ctrl+,"))],
+    )
+    settings_menu = bar.addMenu("&Settings")
+    action(settings_menu, "Hardware…", window.open_hardware_wizard, name="hardware")
+    action(settings_menu, "Remote Server…", window.open_remote_settings, name="remote")
+    action(settings_menu, "API Server…", window.open_api_server_settings, name="api-server")
+    themes = view.addMenu("Theme")
+    for name in theme.THEMES:
+        action(themes, name.title(), lambda _=False, n=name: window.apply_theme(n))
