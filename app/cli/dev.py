@@ -1,5 +1,6 @@
-"""`stoke dev`: developer tools: synthetic DeepSeek V4 Flash GGUFs, and the Flash layout the
-catalog ships (regenerate it when `app/hardware/synthetic_gguf.py` changes)."""
+"""`stoke dev`: developer tools: synthetic DeepSeek V4 Flash GGUFs, the Flash layout the
+catalog ships (regenerate it when `app/hardware/synthetic_gguf.py` changes), and the walk
+that photographs the window for the README."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from app import resources
+from app.bench import walk
 from app.hardware.synthetic_gguf import flash_layout_text, write_deepseek4
 from app.models.catalog import FLASH_LAYOUT
 
@@ -52,3 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--out", type=Path, default=SHIPPED_LAYOUT, help=f"where (default: {SHIPPED_LAYOUT})"
     )
     layout.set_defaults(run=_flash_layout)
+    walk_parser = tools.add_parser(
+        "walk", help="photograph the window's scenes under Xvfb + openbox (for docs/*.png)"
+    )
+    walk.add_arguments(walk_parser)
+    walk_parser.set_defaults(run=walk.run)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, QTimer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 
 from app import paths
 from app.conversations import ConversationStore, StoreError
@@ -72,6 +72,14 @@ async def shutdown(window: MainWindow, session: ChatSession) -> None:
     session.store.close()
 
 
+def first_run(window: MainWindow) -> QWidget | None:
+    """On the first start, what a new user is shown over the window (None after that)."""
+    if window.settings.value("hardware_seen", "false") == "true":
+        return None
+    window.settings.setValue("hardware_seen", "true")
+    return window.open_hardware_wizard()
+
+
 def run_gui(options: LoadOptions, *, conversation: str | None = None) -> int:
     """The app's main loop until the window closes."""
     import qasync
@@ -88,9 +96,7 @@ def run_gui(options: LoadOptions, *, conversation: str | None = None) -> int:
 
     async def main() -> None:
         window, session = await open_window(options, conversation, None)
-        if window.settings.value("hardware_seen", "false") != "true":  # the first run
-            window.settings.setValue("hardware_seen", "true")
-            window.open_hardware_wizard()
+        first_run(window)
         await closed.wait()
         await shutdown(window, session)
 
