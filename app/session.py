@@ -113,6 +113,21 @@ def sampling_of(conversation: Conversation) -> tuple[SamplingParams, int]:
     return SamplingParams(**known), max_tokens
 
 
+def can_continue(reply: Message) -> bool:
+    """An interrupted reply, or one cut at the length limit, can be carried on."""
+    return reply.status == "interrupted" or (
+        reply.status == "complete" and reply.finish_reason == str(FinishReason.LENGTH)
+    )
+
+
+def _budget(max_tokens: int, continuing: Message | None, held: int) -> int:
+    """Tokens a reply may still draw: an interrupted one finishes its budget, one cut at the
+    length limit gets a new one (the user asked for more)."""
+    if continuing is not None and continuing.status == "complete":
+        return max_tokens
+    return max(1, max_tokens - held)
+
+
 class ChatSession:
     """Turns for any conversation of one store, on one engine."""
 
@@ -203,9 +218,10 @@ class ChatSession:
             return await self._reply(conversation, user, **kwargs)
 
     async def continue_reply(self, reply_message_id: str, **kwargs: Any) -> TurnResult:
-        """Carry on an interrupted reply where it stopped: same message, more tokens."""
+        """Carry on an interrupted reply, or one cut at the length limit, where it stopped:
+        same message, more tokens."""
         old = self.store.get_message(reply_message_id)
-        if old.role != "assistant" or old.status != "interrupted" or old.parent_id is None:
+        if old.role != "assistant" or not can_continue(old) or old.parent_id is None:
             raise EngineError("Only an interrupted reply can be continued.")
         async with self._turn(old.conversation_id) as conversation:
             user = self.store.get_message(old.parent_id)
@@ -282,7 +298,7 @@ class ChatSession:
             reply,
             prompt + before.tokens,
             sampling,
-            max(1, max_tokens - len(before.tokens)),
+            _budget(max_tokens, continuing, len(before.tokens)),
             slot=conversation.id,
             on_token=on_token,
             before=before,

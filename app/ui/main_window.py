@@ -76,8 +76,10 @@ def stats_line(stats: dict | None) -> str:
     """The status line of a turn: speed, and how much of the prompt came from the cache."""
     if not stats:
         return ""
+    # Nothing prefilled (a continued reply, a warm prompt) has no speed worth a "0 tok/s".
+    prefill = f"prefill {stats['prefill_tok_s']:,.0f} tok/s · " if stats["prefill_tok_s"] else ""
     return (
-        f"TTFT {stats['ttft_s']:.2f} s · prefill {stats['prefill_tok_s']:,.0f} tok/s · "
+        f"TTFT {stats['ttft_s']:.2f} s · {prefill}"
         f"decode {stats['decode_tok_s']:,.0f} tok/s · reused {stats['reused_tokens']:,} of "
         f"{stats['prompt_tokens']:,} prompt tokens"
     )

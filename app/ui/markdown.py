@@ -87,6 +87,15 @@ def render(text: str, *, dark: bool) -> RenderedMarkdown:
     return RenderedMarkdown(html=body, code_blocks=tuple(env["code_blocks"]))
 
 
+def render_plain(text: str) -> RenderedMarkdown:
+    """A user's message as typed: every line break and space kept, HTML shown as text.
+
+    People paste code, logs and lists; read as Markdown their lines would merge."""
+    body = html.escape(text).replace("\n", "<br/>")
+    style = f"margin:0px; line-height:{_LINE_HEIGHT}; white-space:pre-wrap;"
+    return RenderedMarkdown(html=f'<p style="{style}">{body}</p>', code_blocks=())
+
+
 def _validate_link(url: str) -> bool:
     """Only web and mail links become anchors; anything else stays plain text."""
     return url.strip().lower().startswith(_SAFE_SCHEMES)

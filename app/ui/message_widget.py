@@ -32,6 +32,7 @@ COLUMN_MAX_PX = 760
 _USER_BUBBLE_RATIO = 0.82
 _EDITOR_MIN_PX = 64
 _EDITOR_MAX_PX = 280
+LENGTH_MARK = "Stopped at the length limit"  # max tokens reached: the reply may go on
 
 
 def stats_summary(stats: dict | None) -> str:
@@ -97,7 +98,12 @@ class _MessageText(QTextBrowser):
         self.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
 
     def show_markdown(self, text: str, *, dark: bool) -> None:
-        rendered = markdown.render(text, dark=dark)
+        self._show(markdown.render(text, dark=dark))
+
+    def show_plain(self, text: str) -> None:
+        self._show(markdown.render_plain(text))
+
+    def _show(self, rendered: markdown.RenderedMarkdown) -> None:
         self.code_blocks = rendered.code_blocks
         self.setHtml(rendered.html)
         if self._fit_max:
@@ -212,7 +218,11 @@ class MessageWidget(QWidget):
         self.status_mark = QLabel(self._actions)
         self.status_mark.setObjectName("statusMark")
         self.continue_button = _tool_button(
-            "continueButton", "Continue", "Continue reply", "Continue the interrupted reply", self
+            "continueButton",
+            "Continue",
+            "Continue reply",
+            "Continue the reply where it stopped",
+            self,
         )
         self.continue_button.clicked.connect(lambda: self.continue_requested.emit(self.message.id))
         self.copy_button = _tool_button(
@@ -303,10 +313,12 @@ class MessageWidget(QWidget):
             self.previous_button.setEnabled(index > 0)
             self.next_button.setEnabled(index < count - 1)
         mark = {"interrupted": "Interrupted", "error": "Error"}.get(message.status, "")
+        if message.status == "complete" and message.finish_reason == "length":
+            mark = LENGTH_MARK
         self.status_mark.setText(mark)
         self.status_mark.setAccessibleName(f"Reply {mark.lower()}" if mark else "Reply status")
         self.status_mark.setVisible(bool(mark) and not self.is_user)
-        self.continue_button.setVisible(message.status == "interrupted" and not self.is_user)
+        self.continue_button.setVisible(mark in ("Interrupted", LENGTH_MARK) and not self.is_user)
         summary = "" if self.is_user else stats_summary(message.stats)
         self.bubble.setToolTip(summary)
         self.meta.setToolTip(summary)
@@ -328,7 +340,10 @@ class MessageWidget(QWidget):
             if self.reasoning_toggle.isChecked():
                 self._render_reasoning()
         self.text.setVisible((bool(answer) or not thinking) and not self._editing())
-        self.text.show_markdown(answer or ("…" if streaming else ""), dark=self._dark)
+        if self.is_user:
+            self.text.show_plain(answer)
+        else:
+            self.text.show_markdown(answer or ("…" if streaming else ""), dark=self._dark)
 
     def _show_reasoning(self, shown: bool) -> None:
         self.reasoning_toggle.setAccessibleName("Hide reasoning" if shown else "Show reasoning")
