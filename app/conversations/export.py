@@ -84,6 +84,7 @@ def import_json(store: ConversationStore, data: Any) -> Conversation:
             new_ids[record["id"]] = added.id
         if current_leaf_id is not None:
             store.set_current_leaf(conversation.id, new_ids[current_leaf_id])
+        store.mark_imported(conversation.id)
     except BaseException:
         store.purge(conversation.id)
         raise

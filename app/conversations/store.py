@@ -209,6 +209,9 @@ class ConversationStore:
     def rename(self, conversation_id: str, title: str) -> None:
         self._set(conversation_id, "title", title)
 
+    def mark_imported(self, conversation_id: str) -> None:
+        self._set(conversation_id, "imported_at", time.time())
+
     def set_pinned(self, conversation_id: str, pinned: bool) -> None:
         self._set(conversation_id, "pinned", int(pinned))
 

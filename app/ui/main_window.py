@@ -44,7 +44,7 @@ from app.models.library import Library
 from app.server.control import LocalServer
 from app.session import ChatSession, TurnResult
 from app.settings import Settings
-from app.ui import theme
+from app.ui import conversation_files, theme
 from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
@@ -237,7 +237,10 @@ class MainWindow(QMainWindow):
         if self.conversation_id is None:
             return
         conversation = self.store.get_conversation(self.conversation_id)
-        self.title_label.setText(conversation.title or "New conversation")
+        imported = conversation_files.imported_note(conversation)
+        title = conversation.title or "New conversation"
+        self.title_label.setText(f"{title} · imported" if imported else title)
+        self.title_label.setToolTip(imported)
 
     def switch_branch(self, message_id: str) -> None:
         """Show the branch through `message_id` (at its latest leaf) and warm it."""
@@ -488,12 +491,15 @@ class MainWindow(QMainWindow):
     def _export_dialog(self, kind: str) -> None:
         if self.conversation_id is None:
             return
-        suffix = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
-        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", "", suffix)
-        if path:
-            self.export_to(Path(path), kind)
+        title = self.store.get_conversation(self.conversation_id).title
+        dialog = conversation_files.export_dialog(self, title, kind)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.fileSelected.connect(lambda path: self.export_to(Path(path), kind))
+        dialog.open()
 
     def export_to(self, path: Path, kind: str) -> None:
+        path = conversation_files.with_suffix(path, kind)
+
         def write() -> None:
             if kind == "md":
                 text = export_markdown(self.store, self.conversation_id)

@@ -60,6 +60,7 @@ from PySide6.QtWidgets import (
 
 from app.conversations import Conversation, ConversationStore, SearchHit, StoreError
 from app.ui import theme
+from app.ui.conversation_files import imported_note
 
 UNTITLED = "New conversation"
 SEARCH_DEBOUNCE_MS = 200
@@ -450,9 +451,12 @@ class Sidebar(QWidget):
             item.setData(_TITLE, conversation.title)
             item.setData(_PINNED, conversation.pinned)
             updated = datetime.fromtimestamp(conversation.updated_at)
-            item.setToolTip(f"{title}\nUpdated {updated:%Y-%m-%d %H:%M}")
+            imported = imported_note(conversation)
+            note = f"\n{imported}" if imported else ""
+            item.setToolTip(f"{title}\nUpdated {updated:%Y-%m-%d %H:%M}{note}")
             pinned = ", pinned" if conversation.pinned else ""
-            item.setData(Qt.ItemDataRole.AccessibleTextRole, f"{title}{pinned}")
+            marks = f"{pinned}, imported" if imported else pinned
+            item.setData(Qt.ItemDataRole.AccessibleTextRole, f"{title}{marks}")
             item.setFlags(
                 Qt.ItemFlag.ItemIsEnabled
                 | Qt.ItemFlag.ItemIsSelectable
