@@ -22,6 +22,7 @@ from app.engine.protocol import (
 )
 from app.engine.remote import MODES
 from app.launch import load_options_of
+from app.models.names import model_name
 from app.session import ChatSession, ReplyNotSavedError, TurnResult
 
 HELP = """Commands:
@@ -150,7 +151,8 @@ async def _interactive(
     store = session.store
     print(f"Loading {session.engine.options.model_path} …", file=sys.stderr)
     info = await session.engine.start()
-    print(f"{info.name} · {info.backend} · context {info.n_ctx:,} tokens. /help for commands.")
+    name = model_name(info.path) if session.engine.options.model_path else info.name
+    print(f"{name} · {info.backend} · context {info.n_ctx:,} tokens. /help for commands.")
     _show_history(store, conversation)
     prewarm = Prewarmer(session)
     await prewarm.startup(conversation.id)  # restored from disk while the first line is typed

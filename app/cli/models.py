@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.models import secrets
 from app.models.library import Library, LibraryError, ModelEntry
-from app.units import decimal_bytes
+from app.units import decimal_bytes, gib
 
 if TYPE_CHECKING:  # downloads import huggingface_hub: only the commands that use it pay
     from app.models.downloads import Downloads, Progress
@@ -114,7 +114,7 @@ def _describe(model: ModelEntry) -> str:
 
 def _list(args: argparse.Namespace) -> int:
     library = Library()
-    models = library.models()
+    models = library.listed()
     total = library.total_size()
     for problem in library.problems:
         print(f"stoke: skipped: {problem.message}", file=sys.stderr)
@@ -301,7 +301,7 @@ def _catalog(args: argparse.Namespace) -> int:
     ]
     text = (
         f"{_table(rows)}\n"
-        f"This machine: {decimal_bytes(room.gpu_bytes)} GPU, {decimal_bytes(room.ram_bytes)} RAM. "
+        f"This machine: {gib(room.gpu_bytes)} GPU, {gib(room.ram_bytes)} RAM. "
         "* repo not checked against the hub.\n"
         f"† the offload planner's placement at {PLAN_CONTEXT:,} context (others: by size); "
         "`--json` has the detail.\n"

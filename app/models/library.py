@@ -18,7 +18,7 @@ import re
 import shutil
 import struct
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +27,8 @@ from app.engine.gguf_info import inspect_gguf
 from app.engine.model_file import fingerprint
 from app.engine.protocol import ModelLoadError
 from app.models import load_settings
+from app.models.default import default_model_path
+from app.models.names import model_name
 from app.units import decimal_bytes
 
 ModelFormat = Literal["gguf", "mlx"]
@@ -59,6 +61,7 @@ class ModelEntry:
     chat_template: bool
     expert_count: int | None
     linked: bool  # a symlink into the library: deleting it leaves the target alone
+    bundled: bool = False  # the default model shipped with Stoke: listed, never moved or deleted
 
     @property
     def fingerprint(self) -> str:
@@ -133,10 +136,9 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _gguf_entry(first: Path) -> ModelEntry:
     info = inspect_gguf(first)
     files = info.files
-    match = _SPLIT.match(first.name)
     return ModelEntry(
         id=fingerprint(first, hash_content=False),
-        name=match["stem"] if match else first.stem,
+        name=model_name(first),
         path=first,
         files=info.files,
         format="gguf",
@@ -223,7 +225,7 @@ def _mlx_entry(folder: Path) -> ModelEntry:
     experts = config.get("n_routed_experts") or config.get("num_experts")
     return ModelEntry(
         id=fingerprint(folder, hash_content=False),
-        name=folder.name,
+        name=model_name(folder),
         path=folder,
         files=files,
         format="mlx",
@@ -393,9 +395,43 @@ class Library:
         self.problems = problems
         return entries
 
-    def get(self, ref: str) -> ModelEntry:
-        """A model by id (or a unique id prefix), name, or path."""
+    def bundled(self) -> ModelEntry | None:
+        """The default model shipped with Stoke (None when its package is missing)."""
+        path = default_model_path()
+        try:
+            stamp = _stamp((path,))
+        except OSError:
+            return None
+        if _bundled_memo.get("stamp") != stamp:
+            try:
+                entry = replace(_inspect("gguf", path), bundled=True)
+            except LibraryError:
+                return None
+            _bundled_memo.update(stamp=stamp, entry=entry)
+        return _bundled_memo["entry"]
+
+    def listed(self) -> list[ModelEntry]:
+        """What the Models page, the model picker and `stoke models list` show: the library's
+        models and the bundled one (read-only), unless a library copy of that name shadows it."""
+        bundled = self.bundled()
         models = self.models()
+        if bundled is None or any(m.name == bundled.name for m in models):
+            return models
+        return [*models, bundled]
+
+    def get(self, ref: str) -> ModelEntry:
+        """A model by id (or a unique id prefix), name, or path; the bundled model when no
+        library model matches."""
+        try:
+            return self._find(self.models(), ref)
+        except LibraryError:
+            bundled = self.bundled()
+            if bundled is None:
+                raise
+            return self._find([bundled], ref)
+
+    @staticmethod
+    def _find(models: list[ModelEntry], ref: str) -> ModelEntry:
         path = Path(ref).expanduser()
         resolved = path.resolve() if path.exists() else None
         for test in (
@@ -513,7 +549,7 @@ class Library:
 
     def rename(self, ref: str, new_name: str) -> ModelEntry:
         """Rename a model's file(s) or folder in place; its id and settings stay."""
-        model = self.get(ref)
+        model = _not_bundled(self.get(ref), "renamed")
         new_name = new_name.strip().removesuffix(".gguf")
         if (
             not new_name
@@ -564,7 +600,7 @@ class Library:
 
         A linked model loses only its link: the file it points to is the user's.
         """
-        model = self.get(ref)
+        model = _not_bundled(self.get(ref), "deleted")
         try:
             if model.format == "mlx" and not model.path.is_symlink():
                 shutil.rmtree(model.path)
@@ -611,6 +647,15 @@ class Library:
             load_settings.save(model.path, dict(settings))
         except (TypeError, ValueError) as exc:
             raise LibraryError(f"Load settings must be plain values: {exc}.") from exc
+
+
+_bundled_memo: dict[str, Any] = {}  # the bundled model's entry by its file's stamp
+
+
+def _not_bundled(model: ModelEntry, verb: str) -> ModelEntry:
+    if model.bundled:
+        raise LibraryError(f"{model.name} comes with Stoke; it cannot be {verb}.")
+    return model
 
 
 def _mlx_files(folder: Path) -> tuple[Path, ...]:

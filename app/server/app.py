@@ -44,7 +44,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -57,6 +56,7 @@ from app.engine.protocol import (
     ModelInfo,
 )
 from app.engine.worker import Priority
+from app.models.names import model_name
 from app.server import auth
 from app.server.http import (
     FAILED,
@@ -157,7 +157,7 @@ class ApiServer:
         file, the loaded model's)."""
         path = self.engine.options.model_path
         if path:
-            return Path(path).name.removesuffix(".gguf")
+            return model_name(path)
         return self.engine.info.name if self.engine.info else "stoke"
 
     @property

@@ -41,6 +41,7 @@ from app.engine.protocol import (
 from app.launch import resolve_load_options
 from app.models.downloads import Downloads
 from app.models.library import Library
+from app.models.names import model_name
 from app.server.control import LocalServer
 from app.session import ChatSession, TurnResult
 from app.settings import Settings
@@ -399,9 +400,8 @@ class MainWindow(QMainWindow):
         if state == EngineState.READY and info is not None:
             supported = self.session.template().supports_reasoning_switch
             self.conversation_settings.set_reasoning_supported(supported)
-        self.model_label.setText(
-            info.name if info else Path(self.session.engine.options.model_path).stem
-        )
+        path = self.session.engine.options.model_path
+        self.model_label.setText(model_name(path) if path else info.name if info else "")
         if state == EngineState.FAILED and detail:
             self.banner.show_message(
                 f"{detail}\nChoose another model in Settings, or start Stoke with --model PATH."

@@ -38,6 +38,7 @@ from app.ui.models import (
     ImportDialog,
     ModelsDialog,
 )
+from app.ui.models.words import BUNDLED, BUNDLED_TIP
 from tests.e2e.test_downloads import hub, keychain, manager  # noqa: F401 (fixtures)
 from tests.fakehub import FakeHub
 
@@ -113,17 +114,32 @@ def confirm_with(monkeypatch: pytest.MonkeyPatch, answer: QMessageBox.StandardBu
 # -- library -----------------------------------------------------------------------------------
 
 
-def test_empty_library_says_what_to_do(
+def test_a_new_library_lists_the_bundled_model_read_only(
     open_dialog: Callable[..., ModelsDialog], qtbot: QtBot
 ) -> None:
     dialog = open_dialog()
     assert dialog.windowTitle() == "Models"
     assert [dialog.tabs.tabText(i) for i in range(3)] == ["Library", "Downloads", "Catalog"]
-    assert dialog.library_stack.currentWidget() is dialog.library_empty
-    assert dialog.library_empty.title.text() == EMPTY_LIBRARY
-    shoot(dialog, "library_empty", qtbot)
+    assert dialog.library_stack.currentWidget() is not dialog.library_empty
+    assert dialog.proxy.rowCount() == 1
+    assert cells(dialog)[0] == f"{SMOL}  · {BUNDLED}"
+    assert dialog.total_label.text() == "1 model · 0 bytes on disk"  # it lives in Stoke's install
+    assert dialog.select_model(SMOL)
+    assert dialog.selected_model().bundled
+    assert BUNDLED_TIP in dialog.details_summary.text()
+    assert dialog.load_button.isEnabled() and not dialog.delete_button.isEnabled()
+    shoot(dialog, "library_bundled", qtbot)
     assert dialog.downloads_stack.currentWidget() is dialog.downloads_empty
     assert dialog.downloads_empty.title.text() == EMPTY_DOWNLOADS
+
+
+def test_the_empty_library_says_what_to_do_without_the_bundled_model(
+    open_dialog: Callable[..., ModelsDialog], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Library, "bundled", lambda self: None)  # its package uninstalled
+    dialog = open_dialog()
+    assert dialog.library_stack.currentWidget() is dialog.library_empty
+    assert dialog.library_empty.title.text() == EMPTY_LIBRARY
     assert dialog.total_label.text() == "0 models · 0 bytes on disk"
     assert not dialog.load_button.isEnabled() and not dialog.delete_button.isEnabled()
 
@@ -212,8 +228,7 @@ def test_delete_asks_shows_what_goes_and_removes_model_and_snapshots(
     assert "1 KV snapshot file (4.1 kB)" in asked[0]
     assert not model.path.exists()
     assert not snapshot.parent.exists()
-    assert dialog.proxy.rowCount() == 0
-    assert dialog.library_stack.currentWidget() is dialog.library_empty
+    assert cells(dialog)[0] == f"{SMOL}  · {BUNDLED}"  # no longer shadowed by the copy
     assert dialog.banner.text.text() == f"Deleted {SMOL}."
 
 

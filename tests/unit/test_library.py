@@ -361,7 +361,8 @@ def test_cli_import_list_info_delete(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert run_cli("import", str(source), "--link", capsys=capsys)[0] == 0
     code, out, _ = run_cli("list", "--json", capsys=capsys)
     listed = json.loads(out)
-    assert code == 0 and [m["name"] for m in listed["models"]] == ["cli"]
+    names = [m["name"] for m in listed["models"]]
+    assert code == 0 and names == ["cli", "SmolLM2-135M-Instruct.Q4_1"]  # and the bundled one
     assert listed["total_bytes"] == 0  # linked
     code, out, _ = run_cli("info", "cli", capsys=capsys)
     assert code == 0 and "architecture  llama" in out and "parameters    1.0K" in out

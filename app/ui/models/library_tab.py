@@ -50,6 +50,8 @@ from app.ui.a11y import described
 from app.ui.models.import_dialog import ImportDialog
 from app.ui.models.widgets import ElidedLabel, EmptyState, confirm, pill, tab_page, text_label
 from app.ui.models.words import (
+    BUNDLED,
+    BUNDLED_TIP,
     COLUMN_TIPS,
     COLUMNS,
     EMPTY_LIBRARY,
@@ -331,7 +333,7 @@ class LibraryTab:
         library = self.library
 
         def scan() -> tuple[list[ModelEntry], list[str]]:
-            models = library.models()
+            models = library.listed()
             return models, [f"{p.path.name}: {p.message}" for p in library.problems]
 
         def done(result: tuple[list[ModelEntry], list[str]]) -> None:
@@ -356,7 +358,7 @@ class LibraryTab:
             self.table_model.appendRow(self._row_items(model))
         self.table.setSortingEnabled(True)
         self.library_stack.setCurrentWidget(self.library_empty if not models else self.splitter)
-        total = sum(m.size_bytes for m in models if not m.linked)
+        total = sum(m.size_bytes for m in models if not (m.linked or m.bundled))
         count = f"{len(models)} model{'s' if len(models) != 1 else ''}"
         self.total_label.setText(f"{count} · {decimal_bytes(total)} on disk")
         self.total_label.setToolTip(
@@ -395,6 +397,9 @@ class LibraryTab:
         if model.linked:
             name.setText(f"{model.name}  ↗")
             name.setToolTip(f"Linked: {model.path} → {model.path.resolve()}")
+        if model.bundled:
+            name.setText(f"{model.name}  · {BUNDLED}")
+            name.setToolTip(f"{BUNDLED_TIP} · {model.path}")
         if self._loaded_path is not None and str(model.path) == self._loaded_path:
             font = QFont(name.font())
             font.setBold(True)
@@ -427,7 +432,7 @@ class LibraryTab:
         model = self.selected_model()
         for button in (self.load_button, self.plan_button):
             button.setEnabled(model is not None)
-        self.delete_button.setEnabled(model is not None and not self._busy)
+        self.delete_button.setEnabled(model is not None and not model.bundled and not self._busy)
         if model is None:
             self.details_stack.setCurrentIndex(0)
             return
@@ -435,7 +440,8 @@ class LibraryTab:
         self.details_name.setText(model.name)
         kind = "mixture-of-experts" if model.expert_count else "dense"
         engine = "llama.cpp" if model.format == "gguf" else "MLX"
-        self.details_summary.setText(f"A {kind} model for {engine}")
+        bundled = f" · {BUNDLED_TIP}" if model.bundled else ""
+        self.details_summary.setText(f"A {kind} model for {engine}{bundled}")
         facts = {
             "Format": "GGUF" if model.format == "gguf" else "MLX folder",
             "Architecture": model.architecture or "unknown",
@@ -605,4 +611,5 @@ class LibraryTab:
         self.busy_label.setText(self._busy[-1] if busy else "")
         self.busy_bar.setVisible(busy)
         self.import_button.setEnabled(not busy)
-        self.delete_button.setEnabled(not busy and self.selected_model() is not None)
+        model = self.selected_model()
+        self.delete_button.setEnabled(not busy and model is not None and not model.bundled)

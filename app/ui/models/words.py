@@ -15,8 +15,10 @@ from app.models.catalog import (
     budget,
 )
 from app.ui.theme import STATUS
-from app.units import decimal_bytes
+from app.units import gib
 
+BUNDLED = "bundled"
+BUNDLED_TIP = "Comes with Stoke, ready to chat: read-only (it cannot be deleted or renamed)"
 EMPTY_LIBRARY = "No models yet — import a GGUF or download one from the Catalog"
 EMPTY_DOWNLOADS = "No downloads — pick a model in the Catalog, or enter a Hugging Face repo above"
 COLUMNS = ("Name", "Format", "Architecture", "Params", "Quant", "Context", "Size")
@@ -117,11 +119,11 @@ def describe_settings(settings: dict[str, Any]) -> str:
 
 def machine_summary(hardware: Hardware) -> str:
     room = budget(hardware)
-    ram = decimal_bytes(hardware.memory.total)
+    ram = gib(hardware.memory.total)
     if hardware.apple is not None:
-        return f"{hardware.apple.chip}: {decimal_bytes(room.gpu_bytes)} for the GPU, {ram} in all"
+        return f"{hardware.apple.chip}: {gib(room.gpu_bytes)} for the GPU, {ram} in all"
     if room.gpu_bytes:
         count = len(hardware.gpus)
         gpus = f"{count} GPU{'s' if count > 1 else ''}"
-        return f"{gpus} with {decimal_bytes(room.gpu_bytes)} for models · {ram} RAM"
+        return f"{gpus} with {gib(room.gpu_bytes)} for models · {ram} RAM"
     return f"No GPU Stoke can use · {ram} RAM"
