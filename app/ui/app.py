@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QWidget
 
 from app import paths
@@ -19,6 +19,7 @@ from app.session import ChatSession
 from app.settings import Settings
 from app.ui import theme
 from app.ui.main_window import MainWindow
+from app.ui.welcome import Welcome
 
 
 def display_available() -> bool:
@@ -73,11 +74,16 @@ async def shutdown(window: MainWindow, session: ChatSession) -> None:
 
 
 def first_run(window: MainWindow) -> QWidget | None:
-    """On the first start, what a new user is shown over the window (None after that)."""
+    """On the first start, the welcome in plain words over the window (None after that); its
+    "Hardware details…" opens the Hardware dialog."""
     if window.settings.value("hardware_seen", "false") == "true":
         return None
     window.settings.setValue("hardware_seen", "true")
-    return window.open_hardware_wizard()
+    welcome = Welcome(window.session.engine.options.model_path, window)
+    welcome.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+    welcome.hardware_requested.connect(window.open_hardware_wizard)
+    welcome.open()
+    return welcome
 
 
 def run_gui(options: LoadOptions, *, conversation: str | None = None) -> int:

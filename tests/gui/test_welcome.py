@@ -1,0 +1,50 @@
+"""The first start opens a short welcome in plain words, not the expert Hardware dialog;
+the Hardware dialog is one click away; the second start shows neither."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QDialog
+
+from app.hardware.detect import detect
+from app.ui.app import first_run
+from app.ui.hardware import HardwareWizard
+from app.ui.welcome import ABOUT, CHECKING, Welcome, hardware_sentence
+from tests.gui.harness import Harness
+
+
+def test_first_run_welcomes_in_plain_words_and_the_second_shows_nothing(
+    harness: Harness,
+) -> None:
+    window = harness.start()
+    shown = first_run(window)
+    assert isinstance(shown, Welcome) and not isinstance(shown, HardwareWizard)
+    assert not window.findChildren(HardwareWizard)
+    assert shown.about.text() == ABOUT
+    assert shown.model.text() == (
+        "The bundled model, SmolLM2-135M-Instruct.Q4_1, is ready: type a message below to start."
+    )
+    harness.wait_until(shown.checked)
+    assert shown.hardware.text() != CHECKING
+    assert shown.hardware.text() == hardware_sentence(detect())  # what the check found
+    assert "GiB of RAM" in shown.hardware.text()
+    for label in (shown.about, shown.model, shown.hardware):
+        assert label.wordWrap() and "Traceback" not in label.text()
+    assert shown.start_button.isDefault()
+    closed: list[int] = []
+    shown.finished.connect(closed.append)
+    harness.act(shown.start_button.click)
+    assert closed == [QDialog.DialogCode.Accepted.value]
+
+    assert first_run(window) is None  # the second start: neither the welcome nor the wizard
+    assert not window.findChildren(HardwareWizard)
+
+
+def test_hardware_details_opens_the_hardware_dialog(harness: Harness) -> None:
+    window = harness.start()
+    shown = first_run(window)
+    assert isinstance(shown, Welcome)
+    closed: list[int] = []
+    shown.finished.connect(closed.append)
+    harness.act(shown.details_button.click)
+    harness.wait_until(lambda: any(w.isVisible() for w in window.findChildren(HardwareWizard)))
+    assert closed == [QDialog.DialogCode.Accepted.value]  # the welcome gave way to the dialog
