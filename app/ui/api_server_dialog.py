@@ -4,13 +4,18 @@ The switch starts or stops the server at once, on the window's engine (app/serve
 does the work; this is only the widgets) and is remembered for the next start. The key is
 shown hidden, with Show, Copy and New key; it lives in the system keychain, or in memory
 when there is none (the label says which).
+
+Its texts change while it is open (serving starts, a port is taken), so it refits itself to
+their wrapped height each time instead of letting them overlap; the key field is as wide as
+the key, and the buttons keep their own width. Style (checkboxes in the dark theme) comes
+api_server.qss.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QGuiApplication, QIcon, QResizeEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
@@ -20,7 +25,9 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
+    QSizePolicy,
     QSpinBox,
+    QStyle,
     QVBoxLayout,
     QWidget,
 )
@@ -28,12 +35,18 @@ from PySide6.QtWidgets import (
 from app.engine.protocol import EngineError
 from app.server.control import LocalServer
 from app.settings import Settings
+from app.ui import theme
+
+_MIN_WIDTH = 520  # room for the longest status line to wrap into two or three lines
+_FIELD_PADDING = 8  # a line edit's frame and inner padding on each side
 
 
 class ApiServerDialog(QDialog):
     def __init__(self, local: LocalServer, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("API Server")
+        self.setObjectName("api-server")
+        self.setStyleSheet(theme.stylesheet("api_server.qss"))
         self.local = local
         self.task: asyncio.Task | None = None
         self.enabled = QCheckBox("Serve the OpenAI-compatible API on this machine (127.0.0.1)")
@@ -44,18 +57,19 @@ class ApiServerDialog(QDialog):
         self.port.setValue(Settings.load().serve_port)
         self.port.setEnabled(not local.running)
         self.key = QLineEdit()
+        self.key.setObjectName("api-key")
         self.key.setReadOnly(True)
         self.key.setEchoMode(QLineEdit.EchoMode.Password)
         self.key.setAccessibleName("API key")
-        show = QCheckBox("Show")
+        show = self.show_key = QCheckBox("Show")
         show.toggled.connect(
             lambda on: self.key.setEchoMode(
                 QLineEdit.EchoMode.Normal if on else QLineEdit.EchoMode.Password
             )
         )
-        copy = QPushButton("Copy")
+        copy = self.copy_button = QPushButton("Copy")
         copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.key.text()))
-        renew = QPushButton("New key")
+        renew = self.renew_button = QPushButton("New key")
         renew.setToolTip("Make a new key; the old one stops working at once")
         renew.clicked.connect(self.renew_key)
         self.where = QLabel()
@@ -65,26 +79,60 @@ class ApiServerDialog(QDialog):
         self.status.setAccessibleName("API server status")
 
         key_row = QHBoxLayout()
-        for widget in (self.key, show, copy, renew):
+        key_row.addWidget(self.key, 1)
+        for widget in (show, copy, renew):
+            widget.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
             key_row.addWidget(widget)
         form = QFormLayout()
         form.addRow(self.enabled)
         form.addRow("Port", self.port)
         form.addRow("API key", key_row)
-        form.addRow("", self.where)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close, self)
+        self.close_button = buttons.button(QDialogButtonBox.StandardButton.Close)
+        self.close_button.setIcon(QIcon())  # the platform's icon is dark on dark in the dark theme
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
+        layout.addWidget(self.where)
         layout.addWidget(self.status)
+        layout.addStretch(1)
         layout.addWidget(buttons)
         self._show_key()
         self._show_status()
+
+    def key_width(self) -> int:
+        """Pixels the key field needs to show the whole key, hidden or shown."""
+        self.key.ensurePolished()  # the style sheet's font, not the default one
+        metrics = self.key.fontMetrics()
+        text = self.key.text()
+        bullets = self.key.style().styleHint(QStyle.StyleHint.SH_LineEdit_PasswordCharacter)
+        widest = max(
+            metrics.horizontalAdvance(text), metrics.horizontalAdvance(chr(bullets) * len(text))
+        )
+        margins = self.key.textMargins()
+        return widest + margins.left() + margins.right() + 2 * _FIELD_PADDING
+
+    def _fit(self) -> None:
+        """Grow to the wrapped height of the texts, so none overlaps another."""
+        self.key.setMinimumWidth(self.key_width())
+        layout = self.layout()
+        layout.invalidate()
+        layout.activate()
+        width = max(self.width(), layout.minimumSize().width(), _MIN_WIDTH)
+        height = layout.totalHeightForWidth(width)
+        self.setMinimumSize(layout.minimumSize().width(), height)
+        if self.width() < width or self.height() < height:
+            self.resize(width, max(self.height(), height))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self.setMinimumHeight(self.layout().totalHeightForWidth(self.width()))
 
     def _show_key(self) -> None:
         key = self.local.api_key()
         self.key.setText(key.value)
         self.where.setText(key.where)
+        self._fit()
 
     def _show_status(self, error: str = "") -> None:
         server = self.local.server
@@ -97,6 +145,7 @@ class ApiServerDialog(QDialog):
             )
         else:
             self.status.setText("Not serving.")
+        self._fit()
 
     def _toggled(self, on: bool) -> None:
         self._remember(on)

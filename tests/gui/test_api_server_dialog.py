@@ -61,3 +61,63 @@ def test_api_server_setting_serves_the_window_engine(harness: Harness) -> None:
     assert not Settings.load().serve_on_start
     with pytest.raises(openai.APIConnectionError):
         harness.run(loop.run_in_executor(None, ask, dialog.key.text()))
+
+
+@pytest.mark.parametrize("theme_name", ["light", "dark"])
+def test_serving_fits_the_dialog_in_both_themes(harness: Harness, theme_name: str) -> None:
+    from PySide6.QtCore import QRect
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QApplication, QCheckBox, QLabel, QPushButton
+
+    window = harness.start()
+    window.apply_theme(theme_name)
+    dialog = window.open_api_server_settings()
+    harness.wait_until(dialog.isVisible)
+    dialog.port.setValue(_free_port())
+    harness.act(lambda: dialog.enabled.setChecked(True))
+    harness.run(asyncio.shield(dialog.task))
+    assert window.api_server.running and dialog.status.text().startswith("Serving ")
+    harness.act(lambda: None)  # the refit's layout pass
+
+    def inside(widget) -> QRect:
+        return QRect(widget.mapTo(dialog, widget.rect().topLeft()), widget.size())
+
+    for label in (dialog.status, dialog.where):  # wrapped to their full height, not clipped
+        assert label.wordWrap()
+        assert label.height() >= label.heightForWidth(label.width()) > 0
+    found = [w for kind in (QLabel, QCheckBox, QPushButton) for w in dialog.findChildren(kind)]
+    shown = [w for w in found if w.isVisible()]
+    shown += [dialog.key, dialog.port]
+    for a in shown:  # nothing overlaps anything else
+        for b in shown:
+            if a is not b and not a.isAncestorOf(b) and not b.isAncestorOf(a):
+                assert not inside(a).intersects(inside(b)), (a.objectName(), b.objectName())
+    for button in (dialog.copy_button, dialog.renew_button, dialog.show_key, dialog.close_button):
+        assert button.width() >= button.sizeHint().width()  # not squashed
+    metrics = dialog.key.fontMetrics()
+    assert dialog.key.width() >= metrics.horizontalAdvance(dialog.key.text())
+    assert dialog.key.width() >= dialog.key_width()
+    assert dialog.width() >= dialog.sizeHint().width() or dialog.layout().hasHeightForWidth()
+    assert dialog.close_button.icon().isNull()  # no dark-on-dark icon
+    # the checkbox indicators have a frame drawn from the palette, visible on either theme
+    assert "QCheckBox::indicator" in dialog.styleSheet()
+    palette = QApplication.instance().palette()
+    frame = palette.color(QPalette.ColorRole.PlaceholderText)
+    base = palette.color(QPalette.ColorRole.Window)
+    assert abs(frame.lightness() - base.lightness()) > 60
+    image = dialog.enabled.grab().toImage()
+    indicator = dialog.enabled.style().subElementRect(
+        dialog.enabled.style().SubElement.SE_CheckBoxIndicator, _option(dialog.enabled), None
+    )
+    edge = image.pixelColor(indicator.left(), indicator.center().y())
+    assert abs(edge.lightness() - base.lightness()) > 40, "checkbox frame blends in"
+    dialog.grab().save(f"/tmp/api_server_{theme_name}.png")
+    harness.run(window.api_server.stop())
+
+
+def _option(box):
+    from PySide6.QtWidgets import QStyleOptionButton
+
+    option = QStyleOptionButton()
+    option.initFrom(box)
+    return option
