@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
@@ -30,6 +31,16 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _tojson(value: object, indent: int | None = None, **_: object) -> str:
+    """`tojson` as Hugging Face renders templates (no HTML escaping, Unicode kept): the
+    templates were written against it, and it keeps the transcript's sentinels intact."""
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _hashable(value: object) -> object:
+    return value if isinstance(value, str | int | float | bool | None) else _tojson(value)
+
+
 class ChatTemplate:
     """A compiled chat template plus the special-token strings it refers to."""
 
@@ -44,12 +55,13 @@ class ChatTemplate:
         self.source = source or CHATML
         self.bos_token = bos_token
         self.eos_token = eos_token
-        self.variables = dict(variables or {})  # e.g. enable_thinking, for templates that read it
+        # e.g. enable_thinking, for templates that read it; `tools` for the server's requests
+        self.variables = dict(variables or {})
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, object], ...]]:
         """Two templates with equal keys render every conversation the same."""
-        return self.source, tuple(sorted(self.variables.items()))
+        return self.source, tuple(sorted((k, _hashable(v)) for k, v in self.variables.items()))
 
     @property
     def supports_reasoning_switch(self) -> bool:
@@ -60,12 +72,15 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
+        env.filters["tojson"] = _tojson
         try:
             return env.from_string(self.source)
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateError(f"The model's chat template does not parse: {exc}") from exc
 
-    def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool) -> str:
+    def render(
+        self, messages: Sequence[Mapping[str, object]], *, add_generation_prompt: bool
+    ) -> str:
         try:
             return self._template.render(
                 **self.variables,

@@ -108,6 +108,8 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     penalty_last_n: int = 64
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    # A grammar every reply must follow (llguidance Lark; engine/constraint.py), or None.
+    grammar: str | None = None
 
     @property
     def penalized(self) -> bool:

@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 
 from app.engine.chat_template import ChatTemplate, TemplateError
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 
 
 class Tokenizer(Protocol):
@@ -38,6 +38,7 @@ class Turn:
     text: str
     tokens: tuple[int, ...] | None = None
     fingerprint: str | None = None
+    fields: tuple[tuple[str, str], ...] = ()  # more for the template: a tool result's call id
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class Transcript:
             if turn.role == "assistant":
                 transcript.add_reply(turn.text, turn.tokens, turn.fingerprint)
             else:
-                transcript.add_message(turn.role, turn.text)
+                transcript.add_message(turn.role, turn.text, turn.fields)
         return transcript
 
     @property
@@ -86,11 +87,11 @@ class Transcript:
         """The history's tokens: through the last reply, then any messages since."""
         return [t for segment in (*self.segments, *self._open) for t in segment.tokens]
 
-    def add_message(self, role: Role, text: str) -> None:
-        """Record a system or user message; its tokens come with the next prompt()."""
+    def add_message(self, role: Role, text: str, fields: tuple[tuple[str, str], ...] = ()) -> None:
+        """Record a system, user or tool message; its tokens come with the next prompt()."""
         if role == "assistant":
             raise ValueError("use add_reply for assistant turns")
-        self.turns.append(Turn(role, text))
+        self.turns.append(Turn(role, text, fields=fields))
 
     def prompt(self) -> list[int]:
         """The tokens to send for the next reply: history plus the generation prompt."""
@@ -166,7 +167,8 @@ class Transcript:
         tag = uuid.uuid4().hex  # private-use delimiters: a template's `| trim` keeps them
         sentinels = [f"\ue000{tag}{i}\ue001" for i in range(len(self.turns))]
         messages = [
-            {"role": t.role, "content": s} for t, s in zip(self.turns, sentinels, strict=False)
+            {**dict(t.fields), "role": t.role, "content": s}
+            for t, s in zip(self.turns, sentinels, strict=False)
         ]
         text = self.template.render(messages, add_generation_prompt=True)
         start = 0

@@ -58,6 +58,7 @@ from app.engine.protocol import (
 from app.engine.worker import Priority
 from app.models.names import model_name
 from app.server import auth
+from app.server.grammar import constrained
 from app.server.http import (
     FAILED,
     Connection,
@@ -66,8 +67,14 @@ from app.server.http import (
     too_large,
     write_event,
 )
-from app.server.prompts import ChatPrompts
-from app.server.replay import THINK_OPEN, ReasoningSplitter, ReplyStore, split_reasoning
+from app.server.prompts import ChatPrompts, with_tools
+from app.server.replay import (
+    THINK_OPEN,
+    ReasoningSplitter,
+    ReplyStore,
+    calls_key,
+    split_reasoning,
+)
 from app.server.replies import Reply, finish_reason, usage
 from app.server.schema import (
     ApiError,
@@ -78,6 +85,9 @@ from app.server.schema import (
     parse_completion,
 )
 from app.server.slots import SlotMap
+from app.server.tool_replies import ToolStream, reply_calls
+from app.server.tool_templates import FAMILIES, ToolSyntax, syntax_for
+from app.server.tools import ToolCall, Tools
 
 logger = logging.getLogger("stoke.server")
 
@@ -129,6 +139,8 @@ class _Job:
     params: GenerationParams
     prompt: list[int]
     reasoning_opened: bool = False
+    tools: Tools = field(default_factory=Tools)
+    syntax: ToolSyntax = FAMILIES["hermes"]
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -324,20 +336,24 @@ class ApiServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         chat = parse_chat(await self._body(request))
         info = await self._ready(chat.params)
+        source = ChatTemplate(info.chat_template).source
+        syntax = syntax_for(source)
+        messages, variables = with_tools(chat.messages, chat.tools, source, syntax)
         template = ChatTemplate(
             info.chat_template,
             bos_token=info.bos_token,
             eos_token=info.eos_token,
-            variables=chat.template_variables,
+            variables={**chat.template_variables, **variables},
         )
         try:
             prompt = self.prompts.build(
-                chat.messages, template, info, self.engine.local_tokenizer()
+                messages, template, info, self.engine.local_tokenizer(), syntax
             )
             opened = self._opens_reasoning(template)
         except TemplateError as exc:
             raise ApiError(400, f"The model's chat template refused these messages: {exc}") from exc
-        job = _Job("chat", chat.params, prompt, reasoning_opened=opened)
+        params = constrained(chat, syntax, self.engine.local_tokenizer())
+        job = _Job("chat", params, prompt, opened, chat.tools, syntax)
         return await self._generate(request, job, info)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -456,17 +472,22 @@ class ApiServer:
         async with contextlib.aclosing(self._run(job, slot, held, reply)) as events:
             async for _ in events:
                 pass
-        reasoning, content = self._finish_reply(job, reply)
+        reasoning, content, calls = self._finish_reply(job, reply)
         choice: dict[str, Any] = {"index": 0}
         if job.kind == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": content}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": content if content or not calls else None,
+            }
             if reasoning:
                 message["reasoning_content"] = reasoning
+            if calls:
+                message["tool_calls"] = [call.openai() for call in calls]
             choice["message"] = message
         else:
             choice["text"] = reply.text
         choice["logprobs"] = None
-        choice["finish_reason"] = finish_reason(reply)
+        choice["finish_reason"] = "tool_calls" if calls else finish_reason(reply)
         if job.params.return_token_ids:
             choice["token_ids"] = reply.tokens
         body = self._envelope(job, chunk=False)
@@ -489,6 +510,7 @@ class ApiServer:
         await response.prepare(request)
         chat = job.kind == "chat"
         splitter = ReasoningSplitter(opened=job.reasoning_opened) if chat else None
+        calls_text = ToolStream(job.syntax) if job.tools.active else None
         reply = Reply(job.params.stop)
 
         async def send(
@@ -498,6 +520,7 @@ class ApiServer:
             *,
             finish: str | None = None,
             first: bool = False,
+            calls: list[ToolCall] | None = None,
         ) -> None:
             body = self._envelope(job, chunk=True)
             choice: dict[str, Any] = {"index": 0}
@@ -507,6 +530,8 @@ class ApiServer:
                     delta["content"] = text
                 if reasoning:
                     delta["reasoning_content"] = reasoning
+                if calls:
+                    delta["tool_calls"] = [call.openai(i) for i, call in enumerate(calls)]
                 choice["delta"] = delta
             else:
                 choice["text"] = text
@@ -524,14 +549,22 @@ class ApiServer:
             async with contextlib.aclosing(self._run(job, slot, held, reply)) as events:
                 async for piece, ids in events:
                     reasoning, text = splitter.feed(piece) if splitter else ("", piece)
+                    text = calls_text.feed(text) if calls_text else text
                     if text or reasoning or (ids and job.params.return_token_ids):
                         await send(text, reasoning, ids)
             if splitter is not None:
                 reasoning, text = splitter.finish()
+                text = calls_text.feed(text) if calls_text else text
                 if text or reasoning:
                     await send(text, reasoning)
-            self._finish_reply(job, reply)
-            await send(finish=finish_reason(reply))
+            _, _, calls = self._finish_reply(job, reply)
+            if calls_text is not None:
+                text, held = calls_text.finish()
+                if calls:
+                    await send(text, calls=calls)
+                elif text + held:
+                    await send(text + held)
+            await send(finish="tool_calls" if calls else finish_reason(reply))
             if job.params.include_usage:
                 body = self._envelope(job, chunk=True)
                 body["choices"] = []
@@ -612,9 +645,9 @@ class ApiServer:
             "model": self.model_id,
         }
 
-    def _finish_reply(self, job: _Job, reply: Reply) -> tuple[str, str]:
+    def _finish_reply(self, job: _Job, reply: Reply) -> tuple[str, str, list[ToolCall]]:
         """Count and log a finished reply and keep a chat reply's exact ids under the text
-        the client saw; returns its (reasoning, content)."""
+        (or the tool calls) the client saw; returns its (reasoning, content, calls)."""
         self.stats.completed += 1
         stats = reply.stats
         if stats is not None:
@@ -628,8 +661,9 @@ class ApiServer:
                 stats.ttft_s,
             )
         if job.kind != "chat":
-            return "", reply.text
+            return "", reply.text, []
         reasoning, content = split_reasoning(reply.text, opened=job.reasoning_opened)
+        content, calls = reply_calls(job.tools, job.syntax, content)
         exact = reply.exact_tokens()
         if exact is not None and job.params.max_tokens != 0:
             self.replies.put(
@@ -638,8 +672,9 @@ class ApiServer:
                 self.engine.info.fingerprint,
                 reasoning=reasoning,
                 content=content,
+                calls=calls_key(content, [c.canonical() for c in calls]) if calls else None,
             )
-        return reasoning, content
+        return reasoning, content, calls
 
     def _client_left(self, job: _Job) -> None:
         self.stats.disconnected += 1

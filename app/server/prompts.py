@@ -6,19 +6,29 @@ renders the template once per reply in it, so a long agent conversation would co
 of the event loop per request; keeping the transcript as it stood at the last assistant
 message of each recent request (keyed by a running hash of the messages) means a follow-up
 renders only what it adds.
+
+Tools: a request's functions reach the model through its template's own `tools` (passed as a
+template variable by the caller) or, for a template that never mentions them, as a system
+block in the family's syntax (tool_templates.py); tool results are `tool` messages for the
+template; an assistant message's calls are the reply that made them (replay rule 4) or, new
+to this server, the calls written in the model's own syntax.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 from app.engine.chat_template import ChatTemplate
 from app.engine.protocol import ModelInfo
 from app.engine.transcript import Tokenizer, Transcript
-from app.server.replay import ReplyStore
+from app.server.replay import ReplyStore, calls_key
 from app.server.schema import Message
+from app.server.tool_templates import FAMILIES, ToolSyntax, renders_tools
+from app.server.tools import Tools
 
 MAX_CACHED = 64  # conversations whose transcript is kept
 
@@ -35,12 +45,13 @@ class ChatPrompts:
         template: ChatTemplate,
         info: ModelInfo,
         tokenizer: Tokenizer,
+        syntax: ToolSyntax = FAMILIES["hermes"],
     ) -> list[int]:
         """The prompt tokens for `messages` (the last one not the assistant's)."""
         running = hashlib.sha256(repr((template.key, info.fingerprint)).encode())
         keys = []
         for message in messages:
-            running.update(repr((message.role, message.text, message.reasoning)).encode())
+            running.update(message.key().encode())
             keys.append(running.copy().digest())
         start, transcript = 0, None
         for i in range(len(messages) - 1, -1, -1):
@@ -56,15 +67,47 @@ class ChatPrompts:
         for i in range(start, len(messages)):
             message = messages[i]
             if message.role != "assistant":
-                transcript.add_message(message.role, message.text)
+                fields = (("tool_call_id", message.tool_call_id),) if message.tool_call_id else ()
+                transcript.add_message(message.role, message.text, fields)
                 continue
-            stored = self.replies.find(message.text, message.reasoning)
-            if stored is None:
-                transcript.add_reply(message.text)
-            else:
+            calls = (
+                calls_key(message.text, [c.canonical() for c in message.tool_calls])
+                if message.tool_calls
+                else None
+            )
+            stored = self.replies.find(message.text, message.reasoning, calls)
+            if stored is not None:
                 transcript.add_reply(message.text, stored.tokens, stored.fingerprint)
+            elif message.tool_calls:  # the calls as this model writes them
+                written = syntax.render(message.tool_calls)
+                content = message.text + "\n" if message.text else ""
+                tokens = tokenizer.tokenize(content) + tokenizer.tokenize(written, special=True)
+                transcript.add_reply(content + written, tokens, info.fingerprint)
+            else:
+                transcript.add_reply(message.text)
             if i == last_reply:  # where the next turn of this conversation picks up
                 self._cached[keys[i]] = transcript.copy()
                 while len(self._cached) > self._max_cached:
                     self._cached.popitem(last=False)
         return transcript.prompt()
+
+
+def with_tools(
+    messages: Sequence[Message], tools: Tools, source: str, syntax: ToolSyntax
+) -> tuple[list[Message], dict[str, Any]]:
+    """The messages and extra template variables that tell the model about `tools`: the
+    template's own `tools` where it renders them, else the family's system block at the
+    end of the first system message (or as one)."""
+    messages = list(messages)
+    if not tools.active:
+        return messages, {}
+    functions = [dict(t) for t in tools.functions]
+    if renders_tools(source):
+        return messages, {"tools": functions}
+    block = syntax.instructions([f["function"] for f in functions])
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        messages[0] = dataclasses.replace(first, text=f"{first.text}\n\n{block}".lstrip())
+    else:
+        messages.insert(0, Message("system", block))
+    return messages, {}

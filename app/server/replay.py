@@ -16,7 +16,12 @@ The rules, in the order they are tried, for one assistant message of an incoming
    surrounding whitespace; otherwise the message does not match.
 3. Trimmed: rules 1 and 2 again with leading and trailing whitespace stripped from both
    sides (clients often `.strip()` replies).
-4. No match: the message's text is tokenized; from there on the prompt is new to the KV.
+4. Tool calls: a message with `tool_calls` matches a reply that made the same calls, by name
+   and canonical arguments (parsed JSON, keys sorted: re-serialized, reordered or re-spaced
+   arguments match; call ids are ignored, clients rewrite them), with the same content up to
+   surrounding whitespace; reasoning as in rule 2. Only this rule applies to such a message.
+5. No match: the message's text is tokenized (a tool call written in the model's own syntax);
+   from there on the prompt is new to the KV.
 
 When two replies share a key the newer one wins. Entries belong to one model fingerprint:
 another model's ids would mean other tokens, so the transcript ignores them.
@@ -25,6 +30,7 @@ another model's ids would mean other tokens, so the transcript ignores them.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,31 +135,52 @@ class ReplyStore:
         *,
         reasoning: str = "",
         content: str | None = None,
+        calls: str | None = None,
     ) -> None:
-        """Remember a reply: its full text, and its content when reasoning was split off."""
+        """Remember a reply: its full text, and its content when reasoning was split off; a
+        reply that made tool calls only under `calls` (calls_key)."""
         reply = StoredReply(tuple(tokens), fingerprint, reasoning.strip())
         keys = [_key("full", text), _key("full-trim", text.strip())]
         if content is not None and content.strip() and content != text:
             keys += [_key("content", content), _key("content-trim", content.strip())]
+        if calls is not None:
+            keys = [_key("calls", calls)]
         for key in keys:
             self._entries[key] = reply
             self._entries.move_to_end(key)
         while len(self._entries) > self._max_keys:
             self._entries.popitem(last=False)
 
-    def find(self, text: str, reasoning: str | None = None) -> StoredReply | None:
+    def find(
+        self, text: str, reasoning: str | None = None, calls: str | None = None
+    ) -> StoredReply | None:
         """The stored reply an assistant message stands for (rules in the module doc)."""
-        for kind, probe in (
-            ("full", text),
-            ("content", text),
-            ("full-trim", text.strip()),
-            ("content-trim", text.strip()),
-        ):
+        probes = (
+            [("calls", calls)]
+            if calls is not None
+            else [
+                ("full", text),
+                ("content", text),
+                ("full-trim", text.strip()),
+                ("content-trim", text.strip()),
+            ]
+        )
+        for kind, probe in probes:
             reply = self._entries.get(_key(kind, probe))
             if reply is None:
                 continue
-            if kind.startswith("content") and reasoning and reasoning.strip() != reply.reasoning:
+            if (
+                kind != "full"
+                and kind != "full-trim"
+                and reasoning
+                and (reasoning.strip() != reply.reasoning)
+            ):
                 return None
             self._entries.move_to_end(_key(kind, probe))
             return reply
         return None
+
+
+def calls_key(content: str, calls: Sequence[str]) -> str:
+    """A tool-call reply's key: its content, trimmed, and each call's canonical form."""
+    return json.dumps([content.strip(), list(calls)], ensure_ascii=False)

@@ -4,7 +4,8 @@ Every check answers in words that say which field is wrong and what it should be
 client author can fix the call from the message alone. Fields that do not change the reply
 (user, metadata, ...) are ignored, as other OpenAI-compatible servers do; sampling fields are
 honoured within their ranges (penalties, logit_bias); fields whose meaning Stoke cannot honour
-(n > 1, best_of > 1, suffix, tools, logprobs) are refused rather than silently dropped.
+(n > 1, best_of > 1, suffix) are refused rather than silently dropped. Tools, tool calls and
+`response_format` are read by tools.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ from typing import Any
 
 from app.engine.protocol import SamplingParams
 from app.engine.transcript import Role
+from app.server.errors import ApiError
+from app.server.errors import invalid as _invalid
+from app.server.tools import (
+    ResponseFormat,
+    ToolCall,
+    Tools,
+    parse_response_format,
+    parse_tool_calls,
+    parse_tools,
+)
 
 MAX_STOPS = 4
 MAX_JSON_DEPTH = 64  # a chat request needs about 5 levels
@@ -38,41 +49,8 @@ _ROLES: dict[str, Role] = {
     "developer": "system",
     "user": "user",
     "assistant": "assistant",
+    "tool": "tool",
 }
-
-
-class ApiError(Exception):
-    """An answer other than success: the HTTP status and OpenAI's error object."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        kind: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        retry_after: int | None = None,
-        close: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.param = param
-        self.code = code
-        self.retry_after = retry_after  # seconds, sent as Retry-After
-        self.close = close  # end the connection after answering (its request is unreadable)
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 @dataclass(frozen=True)
@@ -80,6 +58,13 @@ class Message:
     role: Role
     text: str
     reasoning: str | None = None  # an assistant message's reasoning, as the client sent it
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message's: the call it answers
+
+    def key(self) -> str:
+        """What the message stands for, ids of tool calls left out (clients rewrite them)."""
+        calls = [c.canonical() for c in self.tool_calls]
+        return repr((self.role, self.text, self.reasoning, calls, self.tool_call_id))
 
 
 @dataclass(frozen=True)
@@ -100,6 +85,8 @@ class ChatRequest:
     params: GenerationParams
     messages: tuple[Message, ...]
     template_variables: dict[str, Any] = field(default_factory=dict)
+    tools: Tools = field(default_factory=Tools)
+    response_format: ResponseFormat = field(default_factory=ResponseFormat)
 
 
 @dataclass(frozen=True)
@@ -148,11 +135,8 @@ def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
             "The last message is the assistant's; end with a user (or system) message "
             "for the model to answer.",
         )
-    if body.get("tools") or body.get("functions"):
-        raise _invalid("tools", "Tools and function calling are not supported by Stoke's server.")
-    response_format = body.get("response_format")
-    if isinstance(response_format, Mapping) and response_format.get("type") not in (None, "text"):
-        raise _invalid("response_format", "Only text responses are supported.")
+    tools = parse_tools(body)
+    response_format = parse_response_format(body.get("response_format"))
     variables = body.get("chat_template_kwargs") or {}
     if not isinstance(variables, Mapping) or not all(
         isinstance(v, str | int | float | bool) for v in variables.values()
@@ -166,7 +150,7 @@ def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
             "chat template those itself.",
         )
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return ChatRequest(_params(body, max_tokens), messages, dict(variables))
+    return ChatRequest(_params(body, max_tokens), messages, dict(variables), tools, response_format)
 
 
 def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
@@ -199,15 +183,21 @@ def _message(index: int, raw: Any) -> Message:
         raise _invalid(
             f"{where}.role",
             f"{where} has role {raw.get('role')!r}; Stoke's server takes system, developer, "
-            "user and assistant messages.",
+            "user, assistant and tool messages.",
         )
-    if raw.get("tool_calls"):
-        raise _invalid(f"{where}.tool_calls", "Tool calls are not supported by Stoke's server.")
+    calls = parse_tool_calls(where, raw.get("tool_calls")) if role == "assistant" else ()
     text = _content(where, raw.get("content"), allow_none=role == "assistant")
     reasoning = raw.get("reasoning_content", raw.get("reasoning"))
     if reasoning is not None and not isinstance(reasoning, str):
         raise _invalid(f"{where}.reasoning_content", f"{where}'s reasoning must be a string.")
-    return Message(role, text, reasoning if role == "assistant" else None)
+    call_id = raw.get("tool_call_id") if role == "tool" else None
+    return Message(
+        role,
+        text,
+        reasoning if role == "assistant" else None,
+        calls,
+        call_id if isinstance(call_id, str) else None,
+    )
 
 
 def _content(where: str, content: Any, *, allow_none: bool) -> str:
@@ -325,7 +315,3 @@ def _lone_surrogate(param: str) -> ApiError:
         f"`{param}` holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair), "
         "which is not text; send valid Unicode.",
     )
-
-
-def _invalid(param: str, message: str) -> ApiError:
-    return ApiError(400, message, param=param)

@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import llguidance
+import numpy as np
 from gguf import GGMLQuantizationType
 
+from app.engine.constraint import Constraint, tokenizer_from_pieces
 from app.engine.llamacpp import cpu_buffers
 from app.engine.llamacpp.handles import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 from app.engine.llamacpp.overrides import apply_overrides
@@ -200,11 +203,20 @@ class _LlamaDraw:
         chain: LlamaSampler,
         ctx: LlamaContext,
         forward: Callable[..., None],
+        constraint: tuple[Constraint, int] | None = None,  # and the vocabulary's size
     ) -> None:
         self._chain, self._ctx, self._forward = chain, ctx, forward
+        self._constraint = constraint
 
     def next(self, seq: _Sequence, last: bool) -> int:
-        return self._chain.sample(self._ctx)
+        if self._constraint is None:
+            return self._chain.sample(self._ctx)
+        constraint, n_vocab = self._constraint
+        logits = llama_cpp.llama_get_logits_ith(self._ctx.ptr, -1)
+        constraint.mask_in_place(np.ctypeslib.as_array(logits, shape=(n_vocab,)))
+        token = self._chain.sample(self._ctx)
+        constraint.accept(token)
+        return token
 
     def take_back(self, seq: _Sequence) -> None:
         """Nothing to undo: a drawn token is evaluated only once it is kept."""
@@ -229,6 +241,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         self._vocab: Vocab | None = None
         self._free_seq_ids: list[int] = []
         self._logits_ready: tuple[int, int] | None = None  # (seq_id, n_tokens) of last logits
+        self._lltokenizer: llguidance.LLTokenizer | None = None  # for grammars, once asked
 
     # -- loading --------------------------------------------------------------------------
 
@@ -307,6 +320,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
                 handle.close()
         self._model = self._ctx = self._vocab = self._batch = None
         self._logits_ready = None
+        self._lltokenizer = None
 
     # -- tokens ---------------------------------------------------------------------------
 
@@ -390,7 +404,30 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         return lambda token: decoder.decode(self.token_bytes(token))
 
     def _draw(self, sampling: SamplingParams, prompt: Sequence[int]) -> _LlamaDraw:
-        return _LlamaDraw(self._sampler(sampling, prompt), self._ctx, self._forward)
+        constraint = None
+        if sampling.grammar is not None:
+            constraint = (
+                Constraint(self._grammar_tokenizer(), sampling.grammar, self.info.n_vocab),
+                self.info.n_vocab,
+            )
+        return _LlamaDraw(self._sampler(sampling, prompt), self._ctx, self._forward, constraint)
+
+    def _grammar_tokenizer(self) -> llguidance.LLTokenizer:
+        """The vocabulary as the grammar library reads it, built once per loaded model."""
+        if self._lltokenizer is None:
+            vocab = self._require_vocab()
+            special = [
+                t
+                for t in range(vocab.n_tokens)
+                if llama_cpp.llama_vocab_get_attr(vocab.ptr, t) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+            ]
+            self._lltokenizer = tokenizer_from_pieces(
+                [vocab.token_bytes(t) for t in range(vocab.n_tokens)],
+                special,
+                sorted(self._eog),
+                lambda text: vocab.tokenize(text, special=False),
+            )
+        return self._lltokenizer
 
     def _sampler(self, sampling: SamplingParams, prompt: Sequence[int]) -> LlamaSampler:
         """The sampler chain: logit bias and penalties first (on every logit, greedy too),

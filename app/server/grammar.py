@@ -1,0 +1,102 @@
+"""The grammar a chat reply must follow, when the request asks for one: `response_format`
+json_object (any JSON object) or json_schema (JSON valid under the schema), and a required
+or named `tool_choice` (one call, in the model's own syntax, to one of the offered functions
+with arguments valid under its parameters schema). The engines enforce it token by token
+(app/engine/constraint.py), so even the smallest model answers in the shape asked for.
+
+JSON is written compactly with ", " and ": " and no other whitespace, so a small model
+cannot wander into endless blank lines. Families whose call markers are special tokens name
+them by id (`<[id]>`), as the grammar library reads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from app.engine.constraint import grammar_error
+from app.engine.transcript import Tokenizer
+from app.server.errors import invalid
+from app.server.schema import ChatRequest, GenerationParams
+from app.server.tool_templates import ToolSyntax
+from app.server.tools import ResponseFormat, Tools
+
+_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+Tokenize = Callable[[str], list[int]]  # text -> ids, control tokens parsed
+
+
+def constrained(chat: ChatRequest, syntax: ToolSyntax, tokenizer: Tokenizer) -> GenerationParams:
+    """The request's generation params with the reply's grammar in its sampling; a schema
+    the grammar library cannot use is refused in words."""
+    grammar = reply_grammar(
+        chat.response_format, chat.tools, syntax, lambda t: tokenizer.tokenize(t, special=True)
+    )
+    if grammar is None:
+        return chat.params
+    error = grammar_error(grammar)
+    if error is not None:
+        param = "tools" if chat.tools.forced else "response_format"
+        raise invalid(param, f"The JSON schema in `{param}` cannot be enforced: {error[:300]}")
+    sampling = dataclasses.replace(chat.params.sampling, grammar=grammar)
+    return dataclasses.replace(chat.params, sampling=sampling)
+
+
+def reply_grammar(
+    response_format: ResponseFormat, tools: Tools, syntax: ToolSyntax, tokenize: Tokenize
+) -> str | None:
+    """The Lark grammar for the reply, or None when it is free text."""
+    if tools.forced:
+        return _call_grammar(tools, syntax, tokenize)
+    if response_format.kind == "json_object":
+        return "start: " + _json({"type": "object"})
+    if response_format.kind == "json_schema":
+        return "start: " + _json(response_format.schema or {})
+    return None
+
+
+def _json(schema: dict[str, Any]) -> str:
+    return "%json" + json.dumps({**schema, "x-guidance": _STYLE}, ensure_ascii=False)
+
+
+def _call_grammar(tools: Tools, syntax: ToolSyntax, tokenize: Tokenize) -> str:
+    names = [tools.name] if tools.choice == "function" else tools.names
+    args_key = "parameters" if syntax.family == "llama3" else "arguments"
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, args_key: tools.schema(name)},
+            "required": ["name", args_key],
+            "additionalProperties": False,
+        }
+        for name in names
+    ]
+    call = _json(options[0] if len(options) == 1 else {"anyOf": options})
+    if syntax.family == "llama3":
+        return f"start: {call}"
+    if syntax.family == "mistral":
+        return f'start: {_literal("[TOOL_CALLS]", tokenize)} "[" {call} "]"'
+    if syntax.family == "deepseek":  # the name is written bare, then the arguments
+        alternatives = " | ".join(
+            f"{json.dumps(name)} {_literal('<｜tool▁sep｜>', tokenize)} {_json(tools.schema(name))}"
+            for name in names
+        )
+        begin = (
+            _literal("<｜tool▁calls▁begin｜>", tokenize)
+            + " "
+            + _literal("<｜tool▁call▁begin｜>", tokenize)
+        )
+        end = (
+            _literal("<｜tool▁call▁end｜>", tokenize)
+            + " "
+            + _literal("<｜tool▁calls▁end｜>", tokenize)
+        )
+        return f"start: {begin} call {end}\ncall: {alternatives}"
+    return f'start: "<tool_call>\\n" {call} "\\n</tool_call>"'
+
+
+def _literal(marker: str, tokenize: Tokenize) -> str:
+    """A marker as the grammar names it: its token id when it is one special token."""
+    ids = tokenize(marker)
+    return f"<[{ids[0]}]>" if len(ids) == 1 and len(marker) > 1 else json.dumps(marker)
