@@ -34,6 +34,7 @@ from app.engine.protocol import (
     FinishReason,
     GenerationStats,
     ModelInfo,
+    PrefillProgress,
     SamplingParams,
     TokenEvent,
 )
@@ -138,6 +139,8 @@ class ChatSession:
         self._active: Generation | None = None
         self._unsaved: dict[str, dict[str, Any]] = {}  # reply id -> the write a full disk refused
         self._stop_waiting = False
+        # (reply id, progress) while a reply's prompt is read: the window shows it
+        self.on_progress: Callable[[str, PrefillProgress], None] | None = None
 
     @property
     def info(self) -> ModelInfo:
@@ -314,6 +317,12 @@ class ChatSession:
             return list(reply.token_ids)
         return self.engine.local_tokenizer().tokenize(reply.content)
 
+    def _progress_of(self, reply_id: str) -> Callable[[PrefillProgress], None] | None:
+        listener = self.on_progress
+        if listener is None:
+            return None
+        return lambda progress: listener(reply_id, progress)
+
     async def _stream(
         self,
         reply: Message,
@@ -343,7 +352,9 @@ class ChatSession:
             return None
 
         try:
-            self._active = await self.engine.generate(prompt, sampling, max_tokens, slot=slot)
+            self._active = await self.engine.generate(
+                prompt, sampling, max_tokens, slot=slot, on_progress=self._progress_of(reply.id)
+            )
             async for event in self._active:
                 pieces.append(event.text)
                 tokens.append(event.token_id)

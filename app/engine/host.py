@@ -42,6 +42,8 @@ from app.engine.protocol import (
     GenerationStats,
     LoadOptions,
     ModelInfo,
+    PrefillProgress,
+    ProgressCallback,
     SamplingParams,
     TokenEvent,
 )
@@ -71,9 +73,13 @@ class EngineCrashedError(EngineError):
 class Generation:
     """A streaming reply: iterate for TokenEvents; `stats` is set when it ends."""
 
-    def __init__(self, client: EngineClient, req_id: int) -> None:
+    def __init__(
+        self, client: EngineClient, req_id: int, on_progress: ProgressCallback | None = None
+    ) -> None:
         self._client = client
         self.req_id = req_id
+        self.on_progress = on_progress  # the prompt's prefill, chunk by chunk
+        self.progress: PrefillProgress | None = None
         self.queue: asyncio.Queue[TokenEvent | GenerationStats | BaseException] = asyncio.Queue()
         self.stats: GenerationStats | None = None
         self.tokens: list[int] = []
@@ -325,11 +331,13 @@ class EngineClient:
         *,
         slot: str = "default",
         priority: Priority = Priority.USER,
+        on_progress: ProgressCallback | None = None,
     ) -> Generation:
-        """Start a reply; iterate the returned Generation for tokens."""
+        """Start a reply; iterate the returned Generation for tokens. `on_progress` hears
+        the prompt's prefill, chunk by chunk, on the event loop."""
         await self.ready()
         req_id = next(self._ids)
-        generation = Generation(self, req_id)
+        generation = Generation(self, req_id, on_progress)
         message = (
             "call",
             req_id,
@@ -404,6 +412,12 @@ class EngineClient:
         req_id = message[1]
         pending = self._pending.get(req_id)
         if pending is None:
+            return
+        if kind == "event" and isinstance(message[2], PrefillProgress):
+            generation = pending.generation
+            generation.progress = message[2]
+            if generation.on_progress is not None:
+                generation.on_progress(message[2])
             return
         if kind == "event":
             self._first_decode = False

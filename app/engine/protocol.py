@@ -7,7 +7,7 @@ and nothing here knows about Qt, SQLite or any particular runtime.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -151,6 +151,18 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class PrefillProgress:
+    """How far a reply's prompt has been read: `done` of its `total` tokens are in the KV
+    (reused ones included). Sent after each prefill chunk, so a long prompt shows progress."""
+
+    done: int
+    total: int
+
+
+ProgressCallback = Callable[[PrefillProgress], None]
+
+
+@dataclass(frozen=True)
 class GenerationStats:
     """Final numbers of one request; prefill-only requests have generated_tokens == 0."""
 
@@ -265,8 +277,10 @@ class Engine(Protocol):
         *,
         slot: str = "default",
         cancel: CancelToken | None = None,
+        progress: ProgressCallback | None = None,
     ) -> Iterator[GenerationEvent]:
-        """Stream TokenEvents for the reply to `tokens`, then one GenerationStats.
+        """Stream TokenEvents for the reply to `tokens`, then one GenerationStats; `progress`
+        hears how far the prompt's prefill has come (engines that prefill locally).
 
         End-of-generation tokens stop the reply and are not yielded.
         """

@@ -42,6 +42,7 @@ from app.engine.protocol import (
     LoadOptions,
     ModelInfo,
     ModelLoadError,
+    ProgressCallback,
     RemoteOptions,
     SamplingParams,
     TokenEvent,
@@ -301,6 +302,7 @@ class RemoteEngine:
         *,
         slot: str = "default",
         cancel: CancelToken | None = None,
+        progress: ProgressCallback | None = None,  # the server reads the prompt: no progress
     ) -> Iterator[GenerationEvent]:
         if not tokens:
             raise EngineError("Nothing to reply to: the prompt is empty.")

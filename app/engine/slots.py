@@ -32,11 +32,14 @@ from app.engine.protocol import (
     GenerationStats,
     LoadOptions,
     ModelInfo,
+    PrefillProgress,
+    ProgressCallback,
     SamplingParams,
     TokenEvent,
 )
 
 RESTORE_MIN_GAIN = 32  # tokens a snapshot or another sequence must add to be worth copying
+USER_CHUNK = 256  # prefill chunk while a user waits for the reply: Stop lands within one
 
 
 @dataclass(kw_only=True)
@@ -271,13 +274,19 @@ class SlotEngine(Generic[S]):
             raise ContextOverflowError(n_prompt, self._n_ctx)
 
     def _sync(
-        self, slot: S, tokens: Sequence[int], cancel: CancelToken | None
+        self,
+        slot: S,
+        tokens: Sequence[int],
+        cancel: CancelToken | None,
+        progress: ProgressCallback | None = None,
+        chunk: int = 0,
     ) -> tuple[int, int, int]:
         """Make the slot hold exactly `tokens` with the last token's logits ready.
 
         The longest prefix wins among the slot itself, the other resident sequences and the
         RAM and disk snapshots; what diverges is trimmed and only the tail evaluated, in
-        chunks of `n_batch` with a cancel check between them.
+        chunks of `n_batch` (or the smaller `chunk`) with a cancel check between them, each
+        reported to `progress`.
         Returns (reused, restored, prefilled)."""
         if not tokens:
             return 0, 0, 0
@@ -290,12 +299,14 @@ class SlotEngine(Generic[S]):
         keep = self._clear(slot, keep) if keep < len(slot.tokens) else keep
         tail = list(tokens[keep:])
         self._make_room(slot, len(tail))
-        n_batch = max(self._options.n_batch, 1)
+        n_batch = max(min(self._options.n_batch, chunk or self._options.n_batch), 1)
         for start in range(0, len(tail), n_batch):
             if cancel is not None and cancel.cancelled:
                 break
-            chunk = tail[start : start + n_batch]
-            self._forward(slot, chunk, want_logits=start + len(chunk) == len(tail))
+            piece = tail[start : start + n_batch]
+            self._forward(slot, piece, want_logits=start + len(piece) == len(tail))
+            if progress is not None:
+                progress(PrefillProgress(len(slot.tokens), len(tokens)))
         return keep, keep if restored else 0, len(slot.tokens) - keep
 
     def prefill(
@@ -328,16 +339,18 @@ class SlotEngine(Generic[S]):
         *,
         slot: str = "default",
         cancel: CancelToken | None = None,
+        progress: ProgressCallback | None = None,
     ) -> Iterator[GenerationEvent]:
-        """Sync the prompt, then draw tokens until end of turn, `max_tokens`, a full context
-        or a cancel (checked between tokens). The KV keeps exactly the tokens handed out."""
+        """Sync the prompt (in USER_CHUNK pieces, each told to `progress`), then draw tokens
+        until end of turn, `max_tokens`, a full context or a cancel (checked between tokens).
+        The KV keeps exactly the tokens handed out."""
         self._require_model()
         if not tokens:
             raise EngineError("Nothing to reply to: the prompt is empty.")
         self._check_fits(len(tokens))
         start = time.perf_counter()
         held = self._slot(slot)
-        reused, restored, prefilled = self._sync(held, tokens, cancel)
+        reused, restored, prefilled = self._sync(held, tokens, cancel, progress, USER_CHUNK)
         prefill_s = time.perf_counter() - start
         text = self._text_stream()
         draw = self._draw(sampling, tokens)

@@ -11,6 +11,7 @@ machines it fails on, so the host's safe-mode restart can be tested on any CPU.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import os
 import signal
@@ -187,7 +188,9 @@ class _Child:
             elif method == "generate":
                 self.send("state", EngineState.GENERATING)
                 result = None
-                for event in self.engine.generate(*args, cancel=cancel, **kwargs):
+                progress = functools.partial(self.send, "event", req_id)  # prefill chunks
+                events = self.engine.generate(*args, cancel=cancel, progress=progress, **kwargs)
+                for event in events:
                     if isinstance(event, GenerationStats):
                         result = event
                     else:

@@ -209,6 +209,12 @@ class ChatView(QWidget):
         if not self._stream_timer.isActive():
             self._stream_timer.start()
 
+    def show_progress(self, message_id: str, done: int, total: int) -> None:
+        """How far the engine has read the prompt of a streaming reply."""
+        widget = self._widgets.get(message_id)
+        if widget is not None:
+            widget.set_progress(done, total)
+
     def finish_reply(self, message: MessageView) -> None:
         """Show the final saved state of a reply: full text, status, stats."""
         self._dirty.discard(message.id)

@@ -95,6 +95,7 @@ class MainWindow(QMainWindow):
         self.store = session.store
         self.api_server = LocalServer(session.engine)  # Settings > API Server
         self.prewarm = Prewarmer(session)
+        session.on_progress = lambda reply_id, p: self.chat.show_progress(reply_id, p.done, p.total)
         self.settings = settings
         self.conversation_id: str | None = None
         self.turn: asyncio.Task | None = None

@@ -33,6 +33,12 @@ _USER_BUBBLE_RATIO = 0.82
 _EDITOR_MIN_PX = 64
 _EDITOR_MAX_PX = 280
 LENGTH_MARK = "Stopped at the length limit"  # max tokens reached: the reply may go on
+EMPTY_STOP_MARK = "Stopped before the reply started"  # cancelled while the prompt was read
+
+
+def progress_text(done: int, total: int) -> str:
+    """What a streaming bubble says while the engine reads a long prompt."""
+    return f"Reading the prompt… {done:,} / {total:,} tokens"
 
 
 def stats_summary(stats: dict | None) -> str:
@@ -165,6 +171,7 @@ class MessageWidget(QWidget):
         self.is_user = message.role == "user"
         self._dark = dark
         self._pending: list[str] = []
+        self._progress = ""  # the prompt's prefill, shown until the first token
         self._reasoning = ""
         self._reasoning_text: _MessageText | None = None
         self._reasoning_frame: QFrame | None = None
@@ -289,6 +296,12 @@ class MessageWidget(QWidget):
         """Queue streamed text; the view flushes it on its render tick."""
         self._pending.append(piece)
 
+    def set_progress(self, done: int, total: int) -> None:
+        """Show how far the prompt has been read while no token has come yet."""
+        self._progress = progress_text(done, total)
+        if self.message.status == "streaming" and not self.message.content and not self._pending:
+            self._render_text()
+
     def flush(self) -> None:
         if self._pending:
             content = self.message.content + "".join(self._pending)
@@ -315,10 +328,16 @@ class MessageWidget(QWidget):
         mark = {"interrupted": "Interrupted", "error": "Error"}.get(message.status, "")
         if message.status == "complete" and message.finish_reason == "length":
             mark = LENGTH_MARK
+        empty_stop = message.status == "interrupted" and not message.content.strip()
+        if empty_stop and not self.is_user:
+            mark = EMPTY_STOP_MARK
+        self.continue_button.setText("Retry" if empty_stop else "Continue")
+        self.bubble.setVisible(not (empty_stop and not self.is_user))
         self.status_mark.setText(mark)
         self.status_mark.setAccessibleName(f"Reply {mark.lower()}" if mark else "Reply status")
         self.status_mark.setVisible(bool(mark) and not self.is_user)
-        self.continue_button.setVisible(mark in ("Interrupted", LENGTH_MARK) and not self.is_user)
+        continuable = (mark in ("Interrupted", LENGTH_MARK, EMPTY_STOP_MARK)) and not self.is_user
+        self.continue_button.setVisible(continuable)
         summary = "" if self.is_user else stats_summary(message.stats)
         self.bubble.setToolTip(summary)
         self.meta.setToolTip(summary)
@@ -343,7 +362,8 @@ class MessageWidget(QWidget):
         if self.is_user:
             self.text.show_plain(answer)
         else:
-            self.text.show_markdown(answer or ("…" if streaming else ""), dark=self._dark)
+            waiting = (self._progress or "…") if streaming else ""
+            self.text.show_markdown(answer or waiting, dark=self._dark)
 
     def _show_reasoning(self, shown: bool) -> None:
         self.reasoning_toggle.setAccessibleName("Hide reasoning" if shown else "Show reasoning")
