@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +104,15 @@ class _Cached:
     transcript: Transcript
 
 
+def user_content(text: str, attachments: Sequence[Mapping] = ()) -> str:
+    """A user message as the model reads it: each attached file's text in a tagged block,
+    then what the user typed. The one rendering rule for sending, prefilling and rebuilding,
+    so a file prefilled the moment it is attached is the prefix the turn sends (blocks end in
+    one newline, which the tokenizers keep apart from the words typed after it)."""
+    blocks = [f'<file name="{a["name"]}">\n{a["text"]}\n</file>\n' for a in attachments]
+    return "".join(blocks) + text
+
+
 def sampling_of(conversation: Conversation) -> tuple[SamplingParams, int]:
     """The conversation's sampling settings over the defaults, and its max tokens."""
     settings = dict(conversation.sampling)
@@ -166,9 +175,11 @@ class ChatSession:
         drop_oldest: bool = False,
         on_token: OnToken | None = None,
         on_start: OnStart | None = None,
+        attachments: list[dict] | None = None,
     ) -> TurnResult:
         """Add a user message (after `parent_id`, default the current leaf, read as it is
-        written) and reply to it. The message is on disk before the engine is waited for."""
+        written), with the records of its attached files, and reply to it. The message is
+        on disk before the engine is waited for."""
         kwargs: dict[str, Any] = {
             "drop_oldest": drop_oldest,
             "on_token": on_token,
@@ -178,28 +189,36 @@ class ChatSession:
             raise EmptyMessageError()
         async with self._turn(conversation_id) as conversation:
             if parent_id is not None:
-                return await self._post(conversation, parent_id, text, **kwargs)
-            user = self.store.append_user_message(conversation.id, text)
+                return await self._post(conversation, parent_id, text, attachments, **kwargs)
+            user = self.store.append_user_message(conversation.id, text, attachments)
             return await self._reply(conversation, user, **kwargs)
 
     async def _post(
-        self, conversation: Conversation, parent_id: str | None, text: str, **kwargs: Any
+        self,
+        conversation: Conversation,
+        parent_id: str | None,
+        text: str,
+        attachments: list[dict] | None = None,
+        **kwargs: Any,
     ) -> TurnResult:
         """A user message after `parent_id` (None: a first message), then its reply."""
         if not text.strip():
             raise EmptyMessageError()
-        user = self._unanswered(parent_id, text) or self.store.add_message(
-            conversation.id, parent_id, "user", text
+        user = self._unanswered(parent_id, text, attachments) or self.store.add_message(
+            conversation.id, parent_id, "user", text, attachments=attachments
         )
         return await self._reply(conversation, user, **kwargs)
 
-    def _unanswered(self, leaf_id: str | None, text: str) -> Message | None:
+    def _unanswered(
+        self, leaf_id: str | None, text: str, attachments: list[dict] | None
+    ) -> Message | None:
         """The same message sent again after a turn that never started (context full):
         answer the stored one instead of adding a twin."""
         if leaf_id is None:
             return None
         leaf = self.store.get_message(leaf_id)
-        if leaf.role == "user" and leaf.content == text:
+        same = leaf.content == text and leaf.attachments == (attachments or None)
+        if leaf.role == "user" and same:
             return leaf
         return None
 
@@ -209,7 +228,7 @@ class ChatSession:
         if old.role != "user":
             raise EngineError("Only your own messages can be edited.")
         async with self._turn(old.conversation_id) as conversation:
-            return await self._post(conversation, old.parent_id, text, **kwargs)
+            return await self._post(conversation, old.parent_id, text, old.attachments, **kwargs)
 
     async def regenerate(self, reply_message_id: str, **kwargs: Any) -> TurnResult:
         """A new reply beside an old one, to the same user message."""
@@ -434,11 +453,14 @@ class ChatSession:
             return transcript.prompt()
         return transcript.tokens
 
-    def draft_tokens(self, conversation_id: str, draft: str) -> list[int]:
-        """The prompt's tokens through a draft not sent yet: what typing can prefill."""
+    def draft_tokens(
+        self, conversation_id: str, draft: str, attachments: Sequence[Mapping] = ()
+    ) -> list[int]:
+        """The prompt's tokens through a draft not sent yet, with the files attached to it:
+        what attaching and typing can prefill."""
         conversation = self.store.get_conversation(conversation_id)
         history = self.store.current_path(conversation.id)
-        return self.transcript(conversation, history).preview(draft)
+        return self.transcript(conversation, history).preview(user_content(draft, attachments))
 
     def _build(self, conversation: Conversation, history: list[Message]) -> Transcript:
         info = self.info
@@ -446,7 +468,7 @@ class ChatSession:
         turns += [
             Turn(
                 m.role,
-                m.content,
+                user_content(m.content, m.attachments or ()) if m.role == "user" else m.content,
                 tuple(m.token_ids) if m.token_ids is not None else None,
                 m.tokens_fingerprint,
             )
@@ -467,7 +489,8 @@ class ChatSession:
             tokens = tuple(message.token_ids) if message.token_ids is not None else None
             transcript.add_reply(message.content, tokens, message.tokens_fingerprint)
         else:
-            transcript.add_message(message.role, message.content)
+            text = user_content(message.content, message.attachments or ())
+            transcript.add_message(message.role, text)
 
     def _fit(
         self,

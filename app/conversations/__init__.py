@@ -1,7 +1,7 @@
 """The conversation store: conversations, message trees, token-exact replies, search.
 
-May import: paths only. Storage knows nothing of engines, models or the UI: a reply is
-token ids and text, whoever sampled it.
+May import: paths and units only. Storage knows nothing of engines, models or the UI: a reply
+is token ids and text, whoever sampled it; an attachment is a file's name and text.
 """
 
 from app.conversations.errors import (

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from app.conversations.attachments import Attachment, AttachmentError
 from app.conversations.errors import StoreError
 from app.conversations.models import Conversation, Message
 from app.conversations.store import ROLES, STATUSES, ConversationStore
@@ -80,6 +81,7 @@ def import_json(store: ConversationStore, data: Any) -> Conversation:
                 status="interrupted" if status == "streaming" else status,
                 finish_reason=record.get("finish_reason"),
                 stats=record.get("stats"),
+                attachments=record.get("attachments"),
             )
             new_ids[record["id"]] = added.id
         if current_leaf_id is not None:
@@ -117,12 +119,14 @@ def _message_record(message: Message) -> dict[str, Any]:
         "token_ids": message.token_ids,
         "tokens_fingerprint": message.tokens_fingerprint,
         "created_at": message.created_at,
+        "attachments": message.attachments,
     }
 
 
 def _markdown_message(message: Message) -> str:
     if message.role == "user":
-        return f"**You**\n\n{message.content.strip()}"
+        files = "".join(f"\n\n*Attached: {a['name']}*" for a in message.attachments or ())
+        return f"**You**{files}\n\n{message.content.strip()}"
     heading = "**Assistant**"
     if message.status in ("interrupted", "error"):
         heading += f" *({message.status})*"
@@ -221,6 +225,15 @@ def _check_message(number: int, record: Any) -> None:
         isinstance(token_ids, list) and all(_is_token_id(t) for t in token_ids)
     ):
         raise ImportFormatError(f"Message {number}'s token_ids must be a list of token ids.")
+    attachments = record.get("attachments")
+    if attachments is not None:
+        if not isinstance(attachments, list) or record["role"] != "user":
+            raise ImportFormatError(f"Message {number}'s attachments must be a list of files.")
+        try:
+            for attachment in attachments:
+                Attachment.from_record(attachment)
+        except AttachmentError as exc:
+            raise ImportFormatError(f"Message {number}: {exc}") from exc
 
 
 def _is_token_id(value: Any) -> bool:

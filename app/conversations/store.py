@@ -258,6 +258,7 @@ class ConversationStore:
         status: Status = "complete",
         finish_reason: str | None = None,
         stats: dict | None = None,
+        attachments: list[dict] | None = None,
     ) -> Message:
         """Append a message under `parent_id` (None: a root) and make it the current leaf.
 
@@ -281,11 +282,14 @@ class ConversationStore:
                 status=status,
                 finish_reason=finish_reason,
                 stats=stats,
+                attachments=attachments or None,
             )
             self._insert(message)
         return message
 
-    def append_user_message(self, conversation_id: str, content: str) -> Message:
+    def append_user_message(
+        self, conversation_id: str, content: str, attachments: list[dict] | None = None
+    ) -> Message:
         """The user's message after the conversation's current leaf, read and moved in one
         transaction, so no other writer can slip a message in between. The same text already
         waiting unanswered at the leaf (a turn that never started) is returned instead of a
@@ -302,11 +306,14 @@ class ConversationStore:
                         f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?", (leaf_id,)
                     ).fetchone()
                 )
-                if leaf.role == "user" and leaf.content == content:
+                same = leaf.content == content and leaf.attachments == (attachments or None)
+                if leaf.role == "user" and same:
                     return leaf
                 if leaf.role == "user":
                     leaf_id = self._insert_no_reply(leaf, now)
-            message = _new_message(full_id, leaf_id, "user", content, now)
+            message = _new_message(
+                full_id, leaf_id, "user", content, now, attachments=attachments or None
+            )
             self._insert(message)
         return message
 

@@ -1,9 +1,11 @@
 """Background prefill: the KV is warm before the user presses Enter.
 
 Everything here runs below a user's send: opening a conversation restores or prefills its
-history, typing prefills the stable part of the draft (debounced), and after a reply or when
-switching away the conversation is snapshotted. Every request can be cancelled, and the
-engine host preempts a running prefill when a send arrives.
+history, attaching a file prefills it at once and typing prefills the stable part of the
+draft after it (debounced), and after a reply or when switching away the conversation is
+snapshotted. Each prefill's token count is handed to `on_count` as soon as it is known (the
+window's context meter), so nothing tokenizes the draft a second time. Every request can be
+cancelled, and the engine host preempts a running prefill when a send arrives.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import asyncio
 import itertools
 import logging
 import re
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from app.engine.host import EngineClient, Priority
@@ -36,7 +38,7 @@ class Prewarmer:
     """Schedules background prefills and snapshots for the conversations of one session.
 
     `session` is anything with `engine: EngineClient`, `history_tokens(id)` and
-    `draft_tokens(id, text)` (the ChatSession).
+    `draft_tokens(id, text, attachments)` (the ChatSession).
     """
 
     def __init__(
@@ -49,6 +51,8 @@ class Prewarmer:
         self._tasks: dict[tuple[str, str, int], asyncio.Task] = {}  # (kind, conversation, n)
         self._ids = itertools.count()
         self.last: dict[str, GenerationStats] = {}  # conversation -> last prefill's stats
+        # (conversation, tokens of its history, attachments and draft as last tokenized)
+        self.on_count: Callable[[str, int], None] | None = None
 
     @property
     def engine(self) -> EngineClient:
@@ -58,13 +62,24 @@ class Prewarmer:
         """Restore the conversation's snapshot, or prefill its history."""
         return self._start("open", conversation_id, self._prefill_history(conversation_id))
 
-    def draft_changed(self, conversation_id: str, draft: str) -> asyncio.Task:
-        """Prefill the draft's stable prefix once typing pauses for `debounce_s`, and at
-        least every `max_wait_s` while it goes on (keystrokes come faster than any pause)."""
+    def draft_changed(
+        self, conversation_id: str, draft: str, attachments: Sequence[Mapping] = ()
+    ) -> asyncio.Task:
+        """Prefill the attachments and the draft's stable prefix once typing pauses for
+        `debounce_s`, and at least every `max_wait_s` while it goes on (keystrokes come
+        faster than any pause)."""
         now = asyncio.get_running_loop().time()
         due = self._due.setdefault(conversation_id, now + self.max_wait_s)
         delay = max(0.0, min(self.debounce_s, due - now))
-        work = self._prefill_draft(conversation_id, draft, delay)
+        work = self._prefill_draft(conversation_id, draft, tuple(attachments), delay)
+        return self._start("draft", conversation_id, work)
+
+    def attached(
+        self, conversation_id: str, draft: str, attachments: Sequence[Mapping]
+    ) -> asyncio.Task:
+        """A file was attached or removed: prefill at once, before any question is typed."""
+        self._due.pop(conversation_id, None)
+        work = self._prefill_draft(conversation_id, draft, tuple(attachments), 0.0)
         return self._start("draft", conversation_id, work)
 
     def after_reply(self, conversation_id: str) -> asyncio.Task:
@@ -120,22 +135,32 @@ class Prewarmer:
     async def _prefill_history(self, conversation_id: str) -> None:
         await self.engine.ready()
         tokens = self.session.history_tokens(conversation_id)
+        self._count(conversation_id, tokens)
         if tokens:
             self.last[conversation_id] = await self.engine.prefill(
                 tokens, slot=conversation_id, priority=Priority.BACKGROUND
             )
 
-    async def _prefill_draft(self, conversation_id: str, draft: str, delay: float) -> None:
+    async def _prefill_draft(
+        self, conversation_id: str, draft: str, attachments: tuple[Mapping, ...], delay: float
+    ) -> None:
         await asyncio.sleep(delay)
         self._due.pop(conversation_id, None)
         stable = stable_prefix(draft)
-        if not stable:
+        if not stable and not attachments:  # the history alone, already prefilled
+            if self.on_count is not None:
+                self._count(conversation_id, self.session.history_tokens(conversation_id))
             return
         await self.engine.ready()
-        tokens = self.session.draft_tokens(conversation_id, stable)
+        tokens = self.session.draft_tokens(conversation_id, stable, attachments)
+        self._count(conversation_id, tokens)
         self.last[conversation_id] = await self.engine.prefill(
             tokens, slot=conversation_id, priority=Priority.TYPING
         )
+
+    def _count(self, conversation_id: str, tokens: list[int]) -> None:
+        if self.on_count is not None:
+            self.on_count(conversation_id, len(tokens))
 
     async def _snapshot(self, conversation_id: str) -> None:
         await self.engine.snapshot(conversation_id, priority=Priority.BACKGROUND)

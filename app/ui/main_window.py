@@ -50,6 +50,7 @@ from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
 from app.ui.composer import Composer
+from app.ui.draft_files import DraftFiles
 from app.ui.elided import ElidedLabel
 from app.ui.hardware import HardwareWizard
 from app.ui.header import Header
@@ -122,6 +123,8 @@ class MainWindow(QMainWindow):
         column.addWidget(self.header)
         column.addWidget(self.banner)
         column.addWidget(self.chat, 1)
+        self.draft_files = DraftFiles(self)  # attachments, drops, the context meter
+        column.addWidget(self.draft_files.bar)
         column.addWidget(self.composer)
         self.splitter = QSplitter(Qt.Orientation.Horizontal, self)
         self.splitter.addWidget(self.sidebar)
@@ -193,6 +196,7 @@ class MainWindow(QMainWindow):
         self.sidebar.select(conversation_id)
         self.conversation_settings.load(conversation_id)
         self.composer.set_draft(self.store.get_draft(conversation_id))
+        self.draft_files.switch(conversation_id)
         self.reload()
         self._warm_when_done(self.prewarm.open(conversation_id), conversation_id)
         self.composer.focus()
@@ -233,6 +237,7 @@ class MainWindow(QMainWindow):
             finish_reason=message.finish_reason,
             stats=message.stats,
             sibling_ids=tuple(s.id for s in siblings),
+            attachments=tuple(message.attachments or ()),
         )
 
     def _refresh_title(self) -> None:
@@ -275,7 +280,7 @@ class MainWindow(QMainWindow):
     def _draft_changed(self, text: str) -> None:
         if self.conversation_id is None:
             return
-        task = self.prewarm.draft_changed(self.conversation_id, text)
+        task = self.prewarm.draft_changed(self.conversation_id, text, self.draft_files.records())
         task.add_done_callback(lambda done, draft=text: self._draft_warmed(done, draft))
 
     def _draft_warmed(self, task: asyncio.Task, draft: str) -> None:
@@ -308,10 +313,12 @@ class MainWindow(QMainWindow):
         if self.conversation_id is None:
             self.new_conversation()
         conversation_id = self.conversation_id
+        files = self.draft_files.take()
         self.composer.set_draft("")
         self._save_draft("")
         return await self._turn(
-            lambda **kw: self.session.send(conversation_id, text, **kw), drop_oldest=drop_oldest
+            lambda **kw: self.session.send(conversation_id, text, attachments=files, **kw),
+            drop_oldest=drop_oldest,
         )
 
     async def _turn(
@@ -359,13 +366,16 @@ class MainWindow(QMainWindow):
                 self.reload()
             self.sidebar.refresh()
             self.prewarm.after_reply(conversation_id)
+            self.draft_files.refresh()
         return result
 
     async def _retry_dropping(self) -> TurnResult | None:
         """Answer the message that did not fit, leaving out the oldest turns."""
         leaf = self.store.current_path(self.conversation_id)[-1]
         return await self._turn(
-            lambda **kw: self.session.send(self.conversation_id, leaf.content, **kw),
+            lambda **kw: self.session.send(
+                self.conversation_id, leaf.content, attachments=leaf.attachments, **kw
+            ),
             drop_oldest=True,
         )
 

@@ -18,6 +18,7 @@ class MessageView:
     finish_reason: str | None = None
     stats: dict | None = None
     sibling_ids: tuple[str, ...] = field(default_factory=tuple)  # including this one, in order
+    attachments: tuple[dict, ...] = ()  # a user message's files (conversations/attachments.py)
 
     @property
     def sibling_index(self) -> int:

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.ui import markdown
+from app.ui.attachments import AttachmentChips
 from app.ui.message_view import MessageView
 
 COLUMN_MAX_PX = 760
@@ -195,6 +196,8 @@ class MessageWidget(QWidget):
         self.reasoning_toggle.hide()
         self._bubble_layout.addWidget(self.reasoning_toggle, 0, Qt.AlignmentFlag.AlignLeft)
 
+        if message.attachments:
+            self._bubble_layout.addWidget(AttachmentChips(message.attachments, self.bubble))
         self.text = _MessageText("messageText", "Message text", self.bubble)
         self.text.copy_requested.connect(self.copy_requested)
         self._bubble_layout.addWidget(self.text)

@@ -91,7 +91,7 @@ def test_nothing_imports_the_ui_and_storage_knows_no_engine() -> None:
     ui_users = {here for _, _, _, here, there in edges if there == "app.ui"}
     assert ui_users <= {"app.__main__", "app.bench"}
     storage = {there for _, _, _, here, there in edges if here == "app.conversations"}
-    assert storage <= {"app.paths"}
+    assert storage <= {"app.paths", "app.units"}
 
 
 def test_every_room_says_what_it_owns_and_may_import() -> None:

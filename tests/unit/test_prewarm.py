@@ -102,8 +102,8 @@ class FakeSession:
     def history_tokens(self, conversation_id: str) -> list[int]:
         return list(self.histories.get(conversation_id, "").encode())
 
-    def draft_tokens(self, conversation_id: str, text: str) -> list[int]:
-        return list(text.encode())
+    def draft_tokens(self, conversation_id: str, text: str, attachments=()) -> list[int]:
+        return [*(b for a in attachments for b in a["text"].encode()), *text.encode()]
 
 
 def make(

@@ -1,0 +1,195 @@
+"""Attachments in the window: the chips of a message's files and the bar above the composer.
+
+The bar holds the paperclip button, the chips of the files attached to the draft (name,
+token count, remove) and the context meter. Files are read and counted on a pool thread
+(app/ui/background.py): a PDF of many pages never stalls typing. What cannot be attached is
+said in words through `failed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt, QThreadPool, Signal
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QToolButton,
+    QWidget,
+)
+
+from app.conversations.attachments import SUFFIXES, Attachment, AttachmentError, read_attachment
+from app.ui.background import Background
+from app.ui.context_meter import ContextMeter
+
+CHIP_NAME_PX = 180  # a long file name is elided to this width
+FILTER = "Text, code, Markdown, CSV or PDF (" + " ".join(f"*{s}" for s in sorted(SUFFIXES)) + ")"
+
+
+def describe_refusal(exc: Exception) -> str:
+    """A refusal's words: an AttachmentError says why; anything else is said plainly."""
+    if isinstance(exc, AttachmentError):
+        return str(exc)
+    return "Stoke could not read that file."
+
+
+def chip_text(record: Mapping[str, Any]) -> str:
+    tokens = record.get("tokens")
+    return f"{record['name']} · {tokens:,} tokens" if tokens is not None else record["name"]
+
+
+class AttachmentChip(QFrame):
+    """One file: its name and token count, and a remove button where it can be removed."""
+
+    removed = Signal()
+
+    def __init__(
+        self, record: Mapping[str, Any], *, removable: bool, parent: QWidget | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.setObjectName("attachment-chip")
+        self.record = dict(record)
+        self.setAccessibleName(f"Attached file {record['name']}")
+        self.setToolTip(
+            f"{record['name']}: {len(record['text']):,} characters of text"
+            + (f", {record['tokens']:,} tokens" if record.get("tokens") is not None else "")
+        )
+        row = QHBoxLayout(self)
+        row.setContentsMargins(8, 2, 4 if removable else 8, 2)
+        row.setSpacing(4)
+        self.label = QLabel(self)
+        self.label.setObjectName("attachment-name")
+        metrics = self.label.fontMetrics()
+        name = metrics.elidedText(record["name"], Qt.TextElideMode.ElideMiddle, CHIP_NAME_PX)
+        self.label.setText(chip_text({**record, "name": name}))
+        row.addWidget(self.label)
+        self.remove_button: QToolButton | None = None
+        if removable:
+            self.remove_button = QToolButton(self)
+            self.remove_button.setText("×")
+            self.remove_button.setAccessibleName(f"Remove {record['name']}")
+            self.remove_button.setToolTip("Remove this file from the message")
+            self.remove_button.clicked.connect(self.removed)
+            row.addWidget(self.remove_button)
+        self.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
+
+
+class AttachmentChips(QWidget):
+    """The files of a sent message, on its bubble (read-only)."""
+
+    def __init__(self, records: Sequence[Mapping[str, Any]], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("message-attachments")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(6)
+        self.chips = [AttachmentChip(r, removable=False, parent=self) for r in records]
+        for chip in self.chips:
+            row.addWidget(chip)
+        row.addStretch(1)
+
+
+class AttachmentBar(QWidget):
+    """The draft's attachments and the context meter. `changed` is emitted with the draft's
+    records whenever a file is added or removed; `failed` with the words of a refusal."""
+
+    changed = Signal(list)
+    failed = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("attachment-bar")
+        self._records: list[dict[str, Any]] = []
+        self._chips: list[AttachmentChip] = []
+        self._background = Background(self, describe_refusal)
+        self._reading = 0  # files being read now
+        self.tokenizer: Callable[[], Any] | None = None  # the loaded model's tokenizer, if any
+        self.attach_button = QToolButton(self)
+        self.attach_button.setObjectName("attach-button")
+        self.attach_button.setText("Attach…")
+        self.attach_button.setAccessibleName("Attach a file")
+        self.attach_button.setToolTip(
+            "Attach text, code, Markdown, CSV or PDF files (or drop them on the window); "
+            "Stoke reads them into the model at once, before you ask your question"
+        )
+        self.attach_button.clicked.connect(self.choose_files)
+        self.status = QLabel("", self)
+        self.status.setObjectName("attachment-status")
+        self.meter = ContextMeter(self)
+        self._row = QHBoxLayout(self)
+        self._row.setContentsMargins(16, 4, 16, 0)
+        self._row.setSpacing(6)
+        self._row.addWidget(self.attach_button)
+        self._row.addWidget(self.status)
+        self._row.addStretch(1)
+        self._row.addWidget(self.meter)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._records]
+
+    def busy(self) -> bool:
+        """Whether a file is still being read (sending now would leave it out)."""
+        return self._reading > 0
+
+    def set_records(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Show another draft's files (a conversation switch, or none after a send), without
+        signalling a change."""
+        self._records = [dict(r) for r in records]
+        self._rebuild()
+
+    def choose_files(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach files", "", FILTER)
+        for path in paths:
+            self.attach(Path(path))
+
+    def attach(self, path: Path) -> None:
+        """Read `path` off the UI thread; its chip appears and `changed` fires once read."""
+        tokenizer = self.tokenizer() if self.tokenizer is not None else None
+        self._reading += 1
+        self._show_reading()
+
+        def work() -> Attachment:
+            attachment = read_attachment(path)
+            if tokenizer is None:
+                return attachment
+            count = len(tokenizer.tokenize(attachment.text))
+            return dataclasses.replace(attachment, tokens=count)
+
+        self._background.run(QThreadPool.globalInstance(), work, self._read, self._refused)
+
+    def _read(self, attachment: Attachment) -> None:
+        self._reading -= 1
+        self._show_reading()
+        self._records.append(attachment.record())
+        self._rebuild()
+        self.changed.emit(self.records())
+
+    def _refused(self, words: str) -> None:
+        self._reading -= 1
+        self._show_reading()
+        self.failed.emit(words)
+
+    def remove(self, index: int) -> None:
+        del self._records[index]
+        self._rebuild()
+        self.changed.emit(self.records())
+
+    def _show_reading(self) -> None:
+        self.status.setText(f"Reading {self._reading} file(s)…" if self._reading else "")
+
+    def _rebuild(self) -> None:
+        for chip in self._chips:
+            self._row.removeWidget(chip)
+            chip.deleteLater()
+        self._chips = []
+        for index, record in enumerate(self._records):
+            chip = AttachmentChip(record, removable=True, parent=self)
+            chip.removed.connect(lambda i=index: self.remove(i))
+            self._row.insertWidget(1 + index, chip)
+            self._chips.append(chip)
