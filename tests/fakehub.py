@@ -2,6 +2,10 @@
 
 - `GET /api/models/{repo}` (and `/revision/{rev}`): model info; with `blobs=True` the real hub
   adds sizes, blob ids and LFS sha256, so this always does.
+- `GET /api/models?search=&filter=&sort=downloads&limit=`: the model search, as the real hub
+  answers it: a JSON list of repo summaries (`id`, `modelId`, `downloads`, `likes`, `tags`,
+  `library_name`, `private`, `createdAt`), every `filter` a tag the repo must have, the
+  search a case-insensitive substring of the id, most downloaded first.
 - `HEAD`/`GET /{repo}/resolve/{rev}/{file}`: small files are served here with the git blob id
   as ETag; LFS files answer 302 to a second server standing in for the CDN (another origin,
   so the client drops the Authorization header, as with the real CDN), with `X-Linked-Etag`,
@@ -29,7 +33,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 _CHUNK = 64 << 10
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
@@ -41,6 +45,31 @@ class FakeRepo:
     files: dict[str, bytes]
     gated: bool = False
     commit: str = field(default_factory=lambda: os.urandom(20).hex())
+    downloads: int = 0
+    likes: int = 0
+    library: str | None = None  # "mlx" for an MLX repo; GGUF repos are tagged by their files
+
+    @property
+    def tags(self) -> list[str]:
+        tags = ["gguf"] if any(n.endswith(".gguf") for n in self.files) else []
+        if self.library:
+            tags.append(self.library)
+        return [*tags, "text-generation"]
+
+    def summary(self, repo_id: str) -> dict[str, object]:
+        """What the search lists for the repo (the real hub's default fields)."""
+        return {
+            "_id": self.commit[:24],
+            "id": repo_id,
+            "modelId": repo_id,
+            "likes": self.likes,
+            "downloads": self.downloads,
+            "private": False,
+            "tags": self.tags,
+            "pipeline_tag": "text-generation",
+            "library_name": self.library or ("gguf" if "gguf" in self.tags else None),
+            "createdAt": "2026-01-01T00:00:00.000Z",
+        }
 
     @staticmethod
     def is_lfs(name: str) -> bool:
@@ -84,6 +113,7 @@ class FakeHub:
         self.ignore_range = False  # like a proxy that answers a Range request with 200
         self.served: Counter[str] = Counter()
         self.gets: list[tuple[str, int]] = []
+        self.searches: list[dict[str, list[str]]] = []  # the query of every model search
         self.lock = threading.Lock()
         self.sending = 0  # response bodies in flight
         self._released = threading.Event()
@@ -102,8 +132,11 @@ class FakeHub:
     def _url(server: ThreadingHTTPServer) -> str:
         return f"http://127.0.0.1:{server.server_address[1]}"
 
-    def add_repo(self, repo_id: str, files: dict[str, bytes], *, gated: bool = False) -> FakeRepo:
-        repo = FakeRepo(dict(files), gated=gated)
+    def add_repo(
+        self, repo_id: str, files: dict[str, bytes], *, gated: bool = False, **listing: object
+    ) -> FakeRepo:
+        """A repo with these files; `listing` sets `downloads`, `likes` or `library`."""
+        repo = FakeRepo(dict(files), gated=gated, **listing)
         self.repos[repo_id] = repo
         return repo
 
@@ -140,8 +173,11 @@ class _Handler(BaseHTTPRequestHandler):
     # routing
 
     def _route(self, head: bool) -> None:
-        path = unquote(urlsplit(self.path).path)
-        if path.startswith("/api/models/"):
+        url = urlsplit(self.path)
+        path = unquote(url.path)
+        if path.rstrip("/") == "/api/models":
+            self._search(parse_qs(url.query))
+        elif path.startswith("/api/models/"):
             self._model_info(path.removeprefix("/api/models/"))
         elif path.startswith("/cdn/"):
             repo_id, _, name = path.removeprefix("/cdn/").partition("/-/")
@@ -154,6 +190,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._resolve(repo_id, revision, name, head)
         else:
             self._error(404, "NotFound", "Not found")
+
+    def _search(self, query: dict[str, list[str]]) -> None:
+        with self.hub.lock:
+            self.hub.searches.append(query)
+        words = query.get("search", [""])[0].lower()
+        tags = query.get("filter", [])
+        found = [
+            (repo_id, repo)
+            for repo_id, repo in self.hub.repos.items()
+            if words in repo_id.lower() and all(t in repo.tags for t in tags)
+        ]
+        if query.get("sort", [""])[0] == "downloads":
+            found.sort(key=lambda item: -item[1].downloads)
+        limit = int(query.get("limit", ["1000"])[0])
+        body = json.dumps([repo.summary(repo_id) for repo_id, repo in found[:limit]]).encode()
+        self._send(200, {"Content-Type": "application/json"}, body, head=False)
 
     def _model_info(self, rest: str) -> None:
         repo_id, _, revision = rest.partition("/revision/")

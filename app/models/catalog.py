@@ -173,15 +173,20 @@ def _sized(info: GGUFInfo, size_bytes: int) -> GGUFInfo:
 
 
 def _size_verdict(entry: CatalogEntry, hardware: Hardware) -> str:
+    return size_verdict(entry.size_bytes, entry.moe, hardware)
+
+
+def size_verdict(size_bytes: int, moe: bool, hardware: Hardware) -> str:
+    """The size rule for any model file: a library model, a hub search result, an entry."""
     room = budget(hardware)
-    need = int(entry.size_bytes * _OVERHEAD) + _RUNTIME
+    need = int(size_bytes * _OVERHEAD) + _RUNTIME
     if room.gpu_bytes and need <= room.gpu_bytes:
         return FITS_GPU
     if need > room.gpu_bytes + room.ram_bytes:
         return DOES_NOT_FIT
     if not room.gpu_bytes:
         return RUNS_ON_CPU
-    if entry.moe and entry.size_bytes * _SHARED_FRACTION <= room.gpu_bytes:
+    if moe and size_bytes * _SHARED_FRACTION <= room.gpu_bytes:
         return FITS_EXPERT_OFFLOAD
     return FITS_CPU_OFFLOAD
 

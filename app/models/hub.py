@@ -1,5 +1,6 @@
-"""The Hugging Face Hub as Stoke browses it: a repo's files grouped by quantization and
-split parts, the endpoint (HF_ENDPOINT), and hub errors in words a user can act on."""
+"""The Hugging Face Hub as Stoke browses it: a search for GGUF and MLX repositories, a repo's
+files grouped by quantization and split parts, the endpoint (HF_ENDPOINT), and hub errors in
+words a user can act on."""
 
 from __future__ import annotations
 
@@ -40,6 +41,50 @@ class DownloadError(LibraryError):
 def hub_endpoint() -> str:
     """The hub to talk to, read when asked so HF_ENDPOINT set after import still counts."""
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+# --- searching ------------------------------------------------------------------------------
+
+SEARCH_FORMATS = ("gguf", "mlx")  # the hub's tags for the repositories Stoke can run
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """One search result: a repository, how popular it is, and which format it holds."""
+
+    repo: str
+    format: str  # "gguf" or "mlx"
+    downloads: int
+    likes: int
+
+
+def search_models(query: str, *, limit: int = 30) -> list[HubModel]:
+    """GGUF and MLX repositories whose name matches `query`, most downloaded first (the
+    hub's own search, one request per format, merged)."""
+    endpoint = hub_endpoint()
+    api = HfApi(endpoint=endpoint, library_name="stoke")
+    found: dict[str, HubModel] = {}
+    try:
+        for tag in SEARCH_FORMATS:
+            for info in api.list_models(
+                search=query.strip(),
+                filter=tag,
+                sort="downloads",
+                limit=limit,
+                token=secrets.get_token(),
+            ):
+                found.setdefault(
+                    info.id, HubModel(info.id, tag, info.downloads or 0, info.likes or 0)
+                )
+    except HfHubHTTPError as exc:
+        raise DownloadError(explain(exc, f"the search for {query.strip()!r}", endpoint)) from exc
+    except (httpx2.TransportError, OfflineModeIsEnabled, ValueError) as exc:
+        raise DownloadError(
+            f"Cannot search the hub at {endpoint}: it did not answer. Check the network "
+            "connection, then search again."
+        ) from exc
+    ranked = sorted(found.values(), key=lambda m: (-m.downloads, m.repo.lower()))
+    return ranked[:limit]
 
 
 # --- browsing a repo ----------------------------------------------------------------------------

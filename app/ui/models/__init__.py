@@ -2,7 +2,8 @@
 catalog of recommended models, one dialog with a module per tab.
 
 `dialog` assembles the tabs and owns the dialog's lifetime and background tasks;
-`library_tab`, `downloads_tab` and `catalog_tab` each own one tab's widgets and actions;
+`library_tab`, `downloads_tab`, `catalog_tab` and `search_tab` (the hub's model search) each
+own one tab's widgets and actions;
 `download_row`, `import_dialog` and `widgets` are the pieces they show; `words` is how the
 page writes numbers and verdicts. Qt only: it may import `app.models` (library, downloads,
 catalog, secrets, load settings), `app.hardware.detect` and the UI's `background`, `theme`,

@@ -1,4 +1,5 @@
-"""File > Models…: the Library, Downloads and Catalog tabs in one dialog, and its lifetime.
+"""File > Models…: the Library, Downloads, Catalog and Search tabs in one dialog, and its
+lifetime.
 
 Nothing slow runs on the UI thread: scanning, importing, asking the hub and detecting the GPUs
 run on pool threads through `Background`, and their answers come back on the UI thread. The
@@ -28,6 +29,7 @@ from app.ui.models.catalog_tab import CatalogTab
 from app.ui.models.download_row import DownloadRow
 from app.ui.models.downloads_tab import DownloadsTab
 from app.ui.models.library_tab import LibraryTab, library_pool
+from app.ui.models.search_tab import HubSearch
 
 log = logging.getLogger("stoke.ui.models")
 REDRAW_MS = 1000
@@ -99,6 +101,9 @@ class ModelsDialog(LibraryTab, DownloadsTab, CatalogTab, QDialog):
         self.tabs.addTab(self.library_tab, "Library")
         self.tabs.addTab(self.downloads_tab, "Downloads")
         self.tabs.addTab(self.catalog_tab, "Catalog")
+        self.search_tab = HubSearch(self)
+        self.tabs.addTab(self.search_tab, "Search")
+        self.tabs.setTabToolTip(3, "Find GGUF and MLX models on Hugging Face")
         self.tabs.setTabToolTip(0, "The models on this computer")
         self.tabs.setTabToolTip(1, "Downloads from Hugging Face, with progress")
         self.tabs.setTabToolTip(2, "Recommended models, with whether each fits this machine")

@@ -1,0 +1,192 @@
+"""The Search tab: find models on the Hugging Face hub from the Models page.
+
+A search asks the hub for GGUF and MLX repositories (app.models.hub.search_models: the
+hub's own search, most downloaded first). Expanding a result lists its files the way a
+download takes them, one row per quantization (every part of a split set together) with its
+size and its fit on this machine (the catalog's size rule) before a byte is downloaded; each
+row's Download goes through the page's own downloads, so it resumes, is verified and lands
+in the library like any other. Hub calls run off the UI thread.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QThreadPool
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.models.catalog import size_verdict
+from app.models.hub import FileGroup, HubModel, RepoListing, list_repo, search_models
+from app.ui.a11y import described
+from app.ui.models.words import FIT_COLORS, FIT_TIPS, fit_level
+from app.units import decimal_bytes
+
+if TYPE_CHECKING:
+    from app.ui.models.dialog import ModelsDialog
+
+COLUMNS = ("Model", "Format", "Size", "Fit on this machine", "")
+READING = "Reading the files…"
+HINT = "Search the Hugging Face hub for GGUF and MLX models, most downloaded first."
+
+
+class HubSearch(QWidget):
+    """The Search tab's page (see the module's docstring)."""
+
+    def __init__(self, dialog: ModelsDialog) -> None:
+        super().__init__(dialog)
+        self.dialog = dialog
+        self.results: list[HubModel] = []
+        self.listings: dict[str, RepoListing] = {}
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 10, 0, 0)
+        column.setSpacing(10)
+        bar = QHBoxLayout()
+        self.query = QLineEdit(self)
+        self.query.setPlaceholderText("Search Hugging Face, e.g. Qwen3 8B")
+        self.query.setClearButtonEnabled(True)
+        described(self.query, "Search the hub", "Words in the model's name")
+        self.search_button = QPushButton("Search", self)
+        self.search_button.setObjectName("primary")
+        described(self.search_button, "Search", "Ask the hub for GGUF and MLX models")
+        bar.addWidget(self.query, 1)
+        bar.addWidget(self.search_button)
+        column.addLayout(bar)
+        self.status = QLabel(HINT, self)
+        self.status.setWordWrap(True)
+        self.status.setAccessibleName("Search status")
+        column.addWidget(self.status)
+        self.tree = QTreeWidget(self)
+        self.tree.setAccessibleName("Search results")
+        self.tree.setColumnCount(len(COLUMNS))
+        self.tree.setHeaderLabels(list(COLUMNS))
+        header = self.tree.header()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in range(1, len(COLUMNS)):
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(False)
+        column.addWidget(self.tree, 1)
+        self.query.returnPressed.connect(self.search)
+        self.search_button.clicked.connect(self.search)
+        self.tree.itemExpanded.connect(self._expanded)
+
+    # -- searching --
+
+    def search(self) -> None:
+        words = self.query.text().strip()
+        if not words:
+            self.status.setText(HINT)
+            return
+        self.search_button.setEnabled(False)
+        self.status.setText(f"Searching for “{words}”…")
+        self.dialog._run(
+            QThreadPool.globalInstance(),
+            lambda: search_models(words),
+            lambda found: self._found(words, found),
+            self._search_failed,
+        )
+
+    def _found(self, words: str, found: list[HubModel]) -> None:
+        self.search_button.setEnabled(True)
+        self.results = found
+        self.listings.clear()
+        self.tree.clear()
+        for model in found:
+            item = QTreeWidgetItem(
+                [model.repo, model.format.upper(), f"{model.downloads:,} downloads", "", ""]
+            )
+            item.setChildIndicatorPolicy(QTreeWidgetItem.ChildIndicatorPolicy.ShowIndicator)
+            item.setToolTip(0, f"{model.repo} · {model.likes:,} likes · expand for its files")
+            self.tree.addTopLevelItem(item)
+        count = len(found)
+        self.status.setText(
+            f"{count} model{'s' if count != 1 else ''} for “{words}”, most downloaded first: "
+            "expand one for its files."
+            if found
+            else f"No GGUF or MLX models on the hub match “{words}”."
+        )
+
+    def _search_failed(self, words: str) -> None:
+        self.search_button.setEnabled(True)
+        self.status.setText(words)
+
+    # -- a result's files --
+
+    def item_of(self, repo: str) -> QTreeWidgetItem | None:
+        for i in range(self.tree.topLevelItemCount()):
+            item = self.tree.topLevelItem(i)
+            if item.text(0) == repo:
+                return item
+        return None
+
+    def _expanded(self, item: QTreeWidgetItem) -> None:
+        if item.parent() is not None or item.childCount():
+            return
+        repo = item.text(0)
+        item.addChild(QTreeWidgetItem([READING]))
+        self.dialog._run(
+            QThreadPool.globalInstance(),
+            lambda: list_repo(repo),
+            self._listed,
+            lambda words: self._listing_failed(repo, words),
+        )
+
+    def _listed(self, listing: RepoListing) -> None:
+        self.listings[listing.repo] = listing
+        item = self.item_of(listing.repo)
+        if item is None:  # a newer search replaced it
+            return
+        item.takeChildren()
+        groups = [g for g in listing.groups if not g.key.startswith("mmproj")]
+        for group in groups:
+            self._add_group(item, listing, group)
+        if not groups:
+            item.addChild(QTreeWidgetItem(["No GGUF or MLX model files in this repo"]))
+
+    def _add_group(self, item: QTreeWidgetItem, listing: RepoListing, group: FileGroup) -> None:
+        parts = len(group.files)
+        kind = "MLX" if group.key == "mlx" else "GGUF"
+        files = f"{parts} files" if kind == "MLX" else (f"{parts} parts" if parts > 1 else "")
+        child = QTreeWidgetItem(
+            [group.key, " · ".join(p for p in (kind, files) if p), decimal_bytes(group.size)]
+        )
+        child.setToolTip(0, "\n".join(f.name for f in group.files))
+        hardware = self.dialog.hardware
+        if hardware is not None:
+            verdict = size_verdict(group.size, False, hardware)
+            child.setText(3, verdict)
+            child.setForeground(3, QColor(FIT_COLORS[fit_level(verdict)]))
+            child.setToolTip(3, f"{FIT_TIPS[verdict]} (by size)")
+        else:
+            child.setText(3, "—")
+            child.setToolTip(3, "Stoke has not looked at this machine yet")
+        item.addChild(child)
+        button = QPushButton("Download", self.tree)
+        described(
+            button,
+            f"Download {group.key}",
+            f"Download {decimal_bytes(group.size)} from {listing.repo} into the library",
+        )
+        button.clicked.connect(lambda: self.download(listing.repo, group.key))
+        self.tree.setItemWidget(child, 4, button)
+
+    def _listing_failed(self, repo: str, words: str) -> None:
+        item = self.item_of(repo)
+        if item is not None:  # collapsed and empty: expanding it again asks again
+            item.takeChildren()
+            item.setExpanded(False)
+        self.status.setText(words)
+
+    def download(self, repo: str, key: str) -> None:
+        """Download one quantization (or the MLX model) through the Downloads tab."""
+        self.dialog.start_download(repo, quant=key, title=f"{repo} · {key}")
