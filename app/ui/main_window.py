@@ -56,6 +56,7 @@ from app.ui.hardware import HardwareWizard
 from app.ui.header import Header
 from app.ui.menus import build_menus
 from app.ui.message_view import MessageView
+from app.ui.model_picker import ModelSwitcher
 from app.ui.models import ModelsDialog
 from app.ui.remote_settings import RemoteSettingsDialog
 from app.ui.settings_panel import ConversationSettings
@@ -150,6 +151,8 @@ class MainWindow(QMainWindow):
         self.models_dialog: ModelsDialog | None = None
         build_menus(self)
         self._connect()
+        self.model_switcher = ModelSwitcher(self)  # the header's model picker
+        self.header.set_model_widget(self.model_switcher.picker)
         self.apply_theme(self._theme)
         session.engine.add_state_listener(self._engine_state)
         session.engine.add_notice_listener(self._engine_notice)  # e.g. a safe-mode restart
@@ -200,6 +203,7 @@ class MainWindow(QMainWindow):
         self.reload()
         self._warm_when_done(self.prewarm.open(conversation_id), conversation_id)
         self.composer.focus()
+        self.model_switcher.opened(conversation_id)  # its own model, if it has one
 
     def new_conversation(self) -> None:
         conversation = self.store.create_conversation()
@@ -435,28 +439,32 @@ class MainWindow(QMainWindow):
         """File > Models: the library, downloads and the catalog."""
         if self.models_dialog is None:
             self.models_dialog = ModelsDialog(Library(), self.downloads, parent=self)
-            self.models_dialog.load_requested.connect(
-                lambda path: self._spawn(self.switch_model(path))
-            )
+            self.models_dialog.load_requested.connect(self.model_switcher.choose)
+            self.models_dialog.library_refreshed.connect(self.model_switcher.refresh)
             self.models_dialog.plan_requested.connect(self.open_hardware_wizard)
         self.models_dialog.set_loaded_path(self.session.engine.options.model_path)
         self.models_dialog.show()
         self.models_dialog.raise_()
         return self.models_dialog
 
-    async def switch_model(self, path: str) -> None:
-        """Restart the engine on another model, with its saved load settings."""
+    async def switch_model(self, path: str | None) -> None:
+        """Restart the engine on another model (None: as Settings now say), with its saved
+        load settings; the open conversation's KV is snapshotted first, for the way back."""
         self.session.cancel()
+        self.prewarm.cancel()  # prefills on the old model are wasted work now
+        if self.conversation_id is not None:
+            self.prewarm.after_reply(self.conversation_id)
         await self.prewarm.idle()
         engine = self.session.engine
         await engine.close()
         settings = Settings.load()
         # as Stoke starts it: nothing of the previous model's placement or context carries over
         engine.options = resolve_load_options(path, settings)
-        settings.model_path = path
-        settings.save()
+        if path is not None:
+            settings.model_path = path
+            settings.save()
         if self.models_dialog is not None:
-            self.models_dialog.set_loaded_path(path)
+            self.models_dialog.set_loaded_path(engine.options.model_path)
         with contextlib.suppress(EngineError):  # the header and the banner say why
             await engine.start()
         if self.conversation_id is not None:
