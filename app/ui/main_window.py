@@ -475,11 +475,7 @@ class MainWindow(QMainWindow):
         path = model_path or self.session.engine.options.model_path
         wizard = HardwareWizard(path, parent=self)
         wizard.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        wizard.applied.connect(
-            lambda _options: self.statusBar().showMessage(
-                "Hardware plan saved: the model loads with it from the next start", 4000
-            )
-        )
+        wizard.applied.connect(lambda _options: self.model_switcher.plan_applied(path))
         wizard.open()
         return wizard
 
@@ -487,11 +483,7 @@ class MainWindow(QMainWindow):
         """Settings > Remote Server: chat through an OpenAI-compatible server."""
         dialog = RemoteSettingsDialog(self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
-        dialog.accepted.connect(
-            lambda: self.statusBar().showMessage(
-                "Remote server saved: the engine uses it from the next start", 4000
-            )
-        )
+        dialog.accepted.connect(lambda: self.model_switcher.reload("Remote server saved", None))
         dialog.open()
         return dialog
 

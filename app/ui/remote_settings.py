@@ -3,7 +3,8 @@
 The URL, model id, wire mode and an optional local GGUF (for exact token prompts) go to
 settings.json; the API key goes to the keychain through app/remote_config.py, never to disk.
 "Test" asks the server for its models off the UI thread, so a slow server never freezes the
-window. The engine switches at the next start.
+window. Saving switches the window's engine at once (the main window reloads it in the
+background, keeping the conversation open).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class RemoteSettingsDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Remote Server")
         self.settings = Settings.load()
-        self.use_remote = QCheckBox("Chat through this server (from the next start)")
+        self.use_remote = QCheckBox("Chat through this server")
         self.use_remote.setChecked(self.settings.engine == "remote")
         self.url = QLineEdit(self.settings.remote_url or "")
         self.url.setPlaceholderText("http://gpu-box:8000")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 from app.launch import load_options_of
 from app.models import load_settings
@@ -16,6 +17,7 @@ def test_hardware_menu_opens_the_wizard_and_its_plan_loads_next(harness: Harness
     harness.wait_until(wizard.idle)
     assert wizard.model_path == str(default_model_path())
     harness.act(wizard.apply)
+    harness.run(asyncio.shield(window.model_switcher.reloading))  # it applies now, too
     saved = load_settings.load(str(default_model_path()))
     assert saved is not None
     options = load_options_of(argparse.Namespace(model=None, ctx=None))
