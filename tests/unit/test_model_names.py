@@ -55,3 +55,26 @@ def test_models_list_shows_the_bundled_model(
     assert cli._list(argparse.Namespace(json=True)) == 0
     (listed,) = json.loads(capsys.readouterr().out)["models"]
     assert (listed["name"], listed["bundled"]) == (SMOL, True)
+
+
+def test_memory_is_written_in_gib_and_files_in_decimal_units() -> None:
+    from app.hardware.detect import CpuInfo, GpuInfo, Hardware, MemoryInfo
+    from app.ui.models.words import machine_summary
+    from app.units import decimal_bytes
+
+    gib = 1 << 30
+    gpu = GpuInfo(0, "CUDA0", "RTX 4090", "gpu", "cuda", 24 * gib, 24 * gib)
+    hardware = Hardware(
+        os="Linux",
+        machine="x86_64",
+        cpu=CpuInfo("Ryzen", 32, 16),
+        memory=MemoryInfo(128 * gib, 120 * gib),
+        models_dir="/tmp",
+        disk_free=1 << 40,
+        gpus=(gpu,),
+        gpu_offload=True,
+        rebuild_hint=None,
+    )
+    summary = machine_summary(hardware)
+    assert summary.endswith("128.0 GiB RAM") and " GB" not in summary
+    assert decimal_bytes(default_model_path().stat().st_size) == "98.4 MB"  # a file
