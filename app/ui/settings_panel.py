@@ -32,6 +32,7 @@ from app.conversations import ConversationStore, StoreError
 from app.engine.protocol import SamplingParams
 from app.session import DEFAULT_MAX_TOKENS
 from app.ui import theme
+from app.ui.preset_picker import PresetPicker
 
 SAVE_DEBOUNCE_MS = 300
 MAX_TOKENS_LIMIT = 1_048_576
@@ -162,6 +163,10 @@ class ConversationSettings(QWidget):
             "Put every sampling setting back to its default; the system prompt is kept"
         )
 
+        self.presets = PresetPicker(store, self)
+        self.presets.before_change = self.flush
+        self.presets.applied.connect(self._preset_applied)
+
         self._build_layout()
         self.set_reasoning_supported(False)
         self._show_sampling({})
@@ -207,6 +212,9 @@ class ConversationSettings(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(14, 12, 14, 12)
         layout.setSpacing(8)
+        layout.addWidget(_section("Preset", self))
+        layout.addWidget(self.presets)
+        layout.addSpacing(10)
         layout.addWidget(_section("System prompt", self))
         layout.addWidget(self.system_prompt, 1)
         layout.addWidget(_hint("Applies from the next reply.", self))
@@ -235,6 +243,7 @@ class ConversationSettings(QWidget):
             self.system_prompt.setPlainText(prompt or "")
         self._show_sampling(conversation.sampling if conversation else {})
         self._conversation_id = conversation.id if conversation else None
+        self.presets.load(self._conversation_id)
         self.setEnabled(conversation is not None)
 
     def set_reasoning_supported(self, supported: bool) -> None:
@@ -310,6 +319,11 @@ class ConversationSettings(QWidget):
         except StoreError as error:
             QMessageBox.warning(self, "Stoke", str(error))
             return
+        self.presets.show_match()
+        self.changed.emit(conversation_id)
+
+    def _preset_applied(self, conversation_id: str) -> None:
+        self.load(conversation_id)  # the preset's prompt and sampling in the controls
         self.changed.emit(conversation_id)
 
 

@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QCheckBox,
+    QComboBox,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
@@ -242,10 +243,11 @@ def test_every_control_is_named_and_explained(panel: ConversationSettings) -> No
         *panel.findChildren(QLineEdit),
         *panel.findChildren(QCheckBox),
         *panel.findChildren(QPushButton),
+        *panel.findChildren(QComboBox),
     ]
     controls = [c for c in controls if not isinstance(c.parentWidget(), QAbstractSpinBox)]
 
-    assert len(controls) == 11
+    assert len(controls) == 14  # with the preset row: its box, Save as preset…, Delete
     for control in controls:
         assert control.accessibleName(), control
         assert control.toolTip(), control

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.server",),  # the local API
     ("app.session", "app.launch"),  # one turn end to end; how a model loads
     ("app.remote_config",),
-    ("app.settings", "app.models"),  # the app's settings; library, downloads, catalog
+    ("app.settings", "app.presets", "app.models"),  # settings, prompt presets; the library
     ("app.hardware",),  # detection and the offload planner
     ("app.engine",),  # protocol, host, worker, backends, GGUF reading
     ("app.conversations",),  # storage: knows nothing of engines
