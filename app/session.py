@@ -46,6 +46,23 @@ DEFAULT_MAX_TOKENS = 1024
 REPLY_ROOM = 0.25  # share of the context kept free for the reply when dropping old turns
 
 
+class MessageTooLongError(ContextOverflowError):
+    """The last message alone, with room for a reply, is too long for the context: only a
+    shorter message or a larger context can help, never leaving older turns out."""
+
+    def __init__(self, prompt_tokens: int, n_ctx: int, message: str | None = None) -> None:
+        super().__init__(
+            prompt_tokens,
+            n_ctx,
+            message
+            or (
+                f"Your message alone is {prompt_tokens:,} tokens, too long for the context of "
+                f"{n_ctx:,} tokens with room for a reply. Shorten it, or load the model with "
+                "a larger context."
+            ),
+        )
+
+
 class EmptyMessageError(EngineError):
     def __init__(self) -> None:
         super().__init__("The message is empty. Type something to send.")
@@ -506,18 +523,16 @@ class ChatSession:
         prompt_len = len(transcript.prompt())
         if prompt_len < info.n_ctx:
             return transcript, 0
+        budget = int(info.n_ctx * (1 - REPLY_ROOM))
+        alone = len(self._build(conversation, history[-1:]).prompt()) if history else 0
+        if alone > budget:  # leaving turns out cannot help: do not offer it
+            raise MessageTooLongError(alone, info.n_ctx)
         if not drop_oldest:
             raise ContextOverflowError(prompt_len, info.n_ctx)
-        budget = int(info.n_ctx * (1 - REPLY_ROOM))
         for start in range(1, len(history)):
             if history[start].role != "user":
                 continue
             window = self._build(conversation, history[start:])
             if len(window.prompt()) <= budget:
                 return window, start
-        raise ContextOverflowError(
-            prompt_len,
-            info.n_ctx,
-            f"Your last message alone is too long for the context of {info.n_ctx:,} tokens. "
-            "Shorten it, or load the model with a larger context.",
-        )
+        raise MessageTooLongError(alone, info.n_ctx)

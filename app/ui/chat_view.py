@@ -209,6 +209,12 @@ class ChatView(QWidget):
         if not self._stream_timer.isActive():
             self._stream_timer.start()
 
+    def edit_message(self, message_id: str) -> None:
+        """Open the inline editor of a user message on screen (a banner's "Shorten it")."""
+        widget = self._widgets.get(message_id)
+        if widget is not None and widget.is_user:
+            widget.begin_edit()
+
     def show_progress(self, message_id: str, done: int, total: int) -> None:
         """How far the engine has read the prompt of a streaming reply."""
         widget = self._widgets.get(message_id)

@@ -43,9 +43,9 @@ from app.models.downloads import Downloads
 from app.models.library import Library
 from app.models.names import model_name
 from app.server.control import LocalServer
-from app.session import ChatSession, TurnResult
+from app.session import ChatSession, MessageTooLongError, TurnResult
 from app.settings import Settings
-from app.ui import conversation_files, theme
+from app.ui import conversation_files, overflow, theme
 from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
@@ -347,6 +347,8 @@ class MainWindow(QMainWindow):
                     f"Left out the {result.dropped_turns} oldest messages to fit the context.",
                     kind="info",
                 )
+        except MessageTooLongError as exc:
+            self.banner.show_message(str(exc), overflow.too_long_actions(self, exc))
         except ContextOverflowError as exc:
             self.banner.show_message(
                 str(exc),

@@ -400,6 +400,9 @@ class MessageWidget(QWidget):
         if 0 <= index < len(siblings):
             self.branch_requested.emit(siblings[index])
 
+    def begin_edit(self) -> None:
+        self._begin_edit()
+
     def _begin_edit(self) -> None:
         editor = self._editor or self._build_editor()
         editor.setPlainText(self.message.content)

@@ -148,9 +148,9 @@ def test_errors_show_in_the_banner_with_their_fix(harness: Harness, tmp_path: Pa
     harness.type_and_send("Describe the sea at dawn. " * 60)  # over the 256-token context
     harness.turn()
     assert window.banner.isVisible()
-    assert "Drop the oldest turns or start a new conversation" in window.banner.text.text()
-    assert window.banner.action_labels() == ["Drop oldest turns", "New conversation"]
-    harness.act(lambda: window.banner.trigger("New conversation"))
+    assert "Your message alone is" in window.banner.text.text()
+    assert "Drop oldest turns" not in window.banner.action_labels()  # it cannot help here
+    harness.act(window.new_conversation)
     assert window.conversation_id != conversation
     kept = window.store.current_path(conversation)
     assert [m.role for m in kept] == ["user"]  # the typed message was not lost
