@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QSize, Qt, QThreadPool, Signal
-from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
-from PySide6.QtWidgets import QComboBox, QWidget
+from PySide6.QtGui import QColor, QIcon, QPainter, QPaintEvent, QPixmap
+from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox, QStylePainter, QWidget
 
 from app.engine.host import EngineState
 from app.hardware.detect import Hardware, detect
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from app.ui.main_window import MainWindow
 
 PATH_ROLE = Qt.ItemDataRole.UserRole + 1
+NAME_ROLE = Qt.ItemDataRole.UserRole + 2
 BADGE_SIZE = 10
 
 
@@ -97,7 +98,7 @@ class ModelPicker(QComboBox):
         self.setAccessibleName("Model")
         self.setToolTip("The model this conversation chats with; pick another to switch")
         self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.setMinimumContentsLength(16)  # long names elide: the header never widens
+        self.setMinimumContentsLength(24)  # long names elide: the header never widens
         self.setIconSize(QSize(BADGE_SIZE, BADGE_SIZE))
         self._current: str | None = None
         self.activated.connect(self._activated)
@@ -110,10 +111,30 @@ class ModelPicker(QComboBox):
             text = f"{row.name}  ·  {row.verdict}" if row.verdict else row.name
             self.addItem(badge(FIT_COLORS[level]), text, row.path)
             self.setItemData(self.count() - 1, row.path, PATH_ROLE)
+            self.setItemData(self.count() - 1, row.name, NAME_ROLE)
             tip = FIT_TIPS.get(row.verdict or "", "Fit on this machine: not known")
             self.setItemData(self.count() - 1, f"{row.path}\n{tip}", Qt.ItemDataRole.ToolTipRole)
         self.blockSignals(False)
+        self.view().setMinimumWidth(self.view().sizeHintForColumn(0) + 2 * BADGE_SIZE)
         self.set_current(current)
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        """The closed picker shows the name alone, elided in the middle (the quantization at
+        its end stays readable); the open list shows each verdict in words."""
+        painter = QStylePainter(self)
+        option = QStyleOptionComboBox()
+        self.initStyleOption(option)
+        painter.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, option)
+        field = self.style().subControlRect(
+            QStyle.ComplexControl.CC_ComboBox,
+            option,
+            QStyle.SubControl.SC_ComboBoxEditField,
+            self,
+        )
+        name = str(self.currentData(NAME_ROLE) or "")
+        room = field.width() - self.iconSize().width() - 8
+        option.currentText = self.fontMetrics().elidedText(name, Qt.TextElideMode.ElideMiddle, room)
+        painter.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, option)
 
     def set_current(self, path: str | None) -> None:
         """Show `path` as the loaded model (no signal)."""

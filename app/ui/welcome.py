@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QThreadPool, Signal
+from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app.hardware.detect import Hardware, detect
@@ -67,6 +68,10 @@ class Welcome(QDialog):
         column.setSpacing(10)
         title = QLabel("Welcome to Stoke", self)
         title.setObjectName("welcome-title")
+        font = QFont(title.font())
+        font.setPointSizeF(font.pointSizeF() * 1.4)
+        font.setBold(True)
+        title.setFont(font)
         column.addWidget(title)
         self.about = self._sentence(ABOUT, "What Stoke is")
         self.model = self._sentence(model_sentence(model_path), "The model")

@@ -12,7 +12,7 @@ from app.engine.protocol import FinishReason
 from app.models.catalog import FITS_GPU, RUNS_ON_CPU, size_verdict
 from app.models.default import default_model_path
 from app.models.library import Library
-from app.ui.model_picker import PATH_ROLE, ModelSwitcher
+from app.ui.model_picker import NAME_ROLE, PATH_ROLE, ModelSwitcher
 from tests.gui.harness import Harness
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
@@ -58,6 +58,7 @@ def test_picker_lists_the_library_with_fit_badges(harness: Harness, tmp_path: Pa
     _scanned(harness, switcher, 2)
     assert picker.paths() == [other, str(default_model_path())]  # by name
     assert picker.currentText().startswith(f"{SMOL}  ·  ")  # the loaded one, by its name
+    assert picker.currentData(NAME_ROLE) == SMOL  # what the closed picker draws, elided
     expected = size_verdict(Path(other).stat().st_size, False, switcher.hardware)
     assert expected in (FITS_GPU, RUNS_ON_CPU)
     for path in picker.paths():
