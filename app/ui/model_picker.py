@@ -172,7 +172,6 @@ class ModelSwitcher(QObject):
         self.hardware: Hardware | None = None
         self.models: list[ModelEntry] = []
         self.scans = 0  # finished library scans, for whoever waits on one
-        self.reloads = 0  # finished reloads for changed settings
         self.reloading: asyncio.Task | None = None
         self._background = Background(self, _in_words)
         self.picker.model_chosen.connect(self.choose)
@@ -221,7 +220,7 @@ class ModelSwitcher(QObject):
     def choose(self, path: str) -> None:
         """The user picked `path`: load it, and remember it as this conversation's model."""
         if self.window._spawn(self.switch(path)) is None:
-            self.window.statusBar().showMessage("Wait for the reply to finish, then switch", 4000)
+            self._say("Wait for the reply to finish, then switch models")
 
     async def switch(self, path: str) -> None:
         window = self.window
@@ -263,7 +262,6 @@ class ModelSwitcher(QObject):
         engine = self.window.session.engine
         done = "the model reloaded with it" if engine.info else "the model did not load"
         self._say(f"{what}: {done}")
-        self.reloads += 1
         self._show()
 
     def opened(self, conversation_id: str) -> None:

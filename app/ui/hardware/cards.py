@@ -127,7 +127,7 @@ class WizardCards:
         described(
             self.apply_button,
             "Apply",
-            "Save this plan as the model's load settings; Stoke loads the model with it",
+            "Save this plan as the model's load settings; a loaded model reloads with it now",
         )
         self.apply_button.setDefault(True)
         self.cancel_button = buttons.addButton(QDialogButtonBox.StandardButton.Cancel)

@@ -1,9 +1,11 @@
 """The hardware wizard: what this machine has, and where a model's tensors go on it.
 
-Shown at first run and from Settings > Hardware. It lists the devices llama.cpp can use,
-recommends an engine, and plans the chosen model live: every change of context, profile, KV
-type or micro-batch re-plans (after a short pause) and redraws the per-device memory bars.
-Apply stores the plan as the model's load settings (`app.models.load_settings`).
+Opened from Settings > Hardware, the first start's welcome and the Models page. It lists the
+devices llama.cpp can use, recommends an engine, and plans the chosen model live: every
+change of context, profile, KV type or micro-batch re-plans (after a short pause) and
+redraws the per-device memory bars.
+Apply stores the plan as the model's load settings (`app.models.load_settings`); the window
+then reloads the model with it at once when it is the loaded one.
 
 The slow parts never run on the UI thread: detecting GPUs starts a subprocess, reading the
 header of a 150 GB GGUF takes seconds, and a plan with its alternatives takes 20-100 ms on
