@@ -397,10 +397,10 @@ class Library:
 
     def bundled(self) -> ModelEntry | None:
         """The default model shipped with Stoke (None when its package is missing)."""
-        path = default_model_path()
         try:
+            path = default_model_path()
             stamp = _stamp((path,))
-        except OSError:
+        except (ImportError, OSError):  # the package is not installed, or lost its file
             return None
         if _bundled_memo.get("stamp") != stamp:
             try:

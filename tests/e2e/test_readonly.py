@@ -34,7 +34,8 @@ def _said_read_only(done, where: Path) -> None:
 def test_commands_that_only_read_work(home: Path) -> None:
     listed = stoke(home, "models", "list", "--json", read_only=True)
     assert listed.returncode == 0, listed.stderr
-    assert [m["name"] for m in json.loads(listed.stdout)["models"]] == ["tiny"]
+    names = [m["name"] for m in json.loads(listed.stdout)["models"]]
+    assert names == ["tiny", "SmolLM2-135M-Instruct.Q4_1"]  # and the bundled one
     _said_read_only(listed, home)
 
     info = stoke(home, "models", "info", "tiny", read_only=True)
