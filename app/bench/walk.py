@@ -39,6 +39,16 @@ CODE_AND_MATH = [
     ),
 ]
 
+RELEASE_NOTES = "# Stoke 0.4\n\n" + "".join(
+    f"- Change {i}: the engine probes CPU buffer types once per machine, so Intel CPUs with "
+    "AMX no longer crash at the first decode; a crash there restarts in safe mode.\n"
+    for i in range(1, 40)
+)
+LONG_DRAFT = " ".join(
+    f"Paragraph {i}: a long pasted log line with numbers {i * 7} and {i * 13}, repeated."
+    for i in range(170)
+)
+
 
 @contextlib.contextmanager
 def x_server() -> Iterator[None]:
@@ -112,6 +122,7 @@ class Walk:
             await self.session.engine.ready()
             self.window.move(0, 0)
             await self.first_run()
+            self.seed_library()
             self.seed_conversation()
             for theme in themes:
                 self.window.apply_theme(theme)
@@ -133,6 +144,16 @@ class Walk:
         await self.shoot("first-run", shown)
         if shown is not None:
             shown.close()
+
+    def seed_library(self) -> None:
+        """A second model beside the bundled one, so the picker and the library have a choice:
+        a scaled DeepSeek V4 (the flagship's architecture, a few MB), linked as a user would."""
+        from app.hardware.synthetic_gguf import write_deepseek4
+        from app.models.library import Library
+
+        model = write_deepseek4(self.out / "DeepSeek-V4-Flash-scaled.gguf", mode="scaled")
+        Library().import_model(model, mode="link")
+        self.window.model_switcher.refresh()
 
     def seed_conversation(self) -> None:
         """A conversation with code and math, imported as a user would import an export."""
@@ -173,12 +194,49 @@ class Walk:
 
     async def scenes(self, tag: str) -> None:
         await self.shoot(f"chat-{tag}")
+        await self.picker(tag)
+        await self.attachment(tag)
+        await self.meter_near_full(tag)
         for name, opener in self.dialogs():
             dialog = opener()
             await self.settle(3.0)  # the wizard and the library read the model off the UI thread
             await self.shoot(f"{name}-{tag}", dialog)
             dialog.close()
         await self.serving(tag)
+
+    async def picker(self, tag: str) -> None:
+        """The header's model picker, open."""
+        picker = self.window.model_switcher.picker
+        picker.showPopup()
+        await self.shoot(f"picker-{tag}")
+        picker.hidePopup()
+
+    async def attachment(self, tag: str) -> None:
+        """A file attached to the draft (prefilled at once) and a question being typed."""
+        notes = self.out / "release-notes.md"
+        notes.write_text(RELEASE_NOTES, "utf-8")
+        try:
+            self.window.draft_files.bar.attach(notes)
+            await self.window.prewarm.idle()
+            self.window.composer.set_draft("What changed for people on Intel CPUs?")
+            await self.window.prewarm.idle()
+            await self.shoot(f"attachment-{tag}")
+        finally:
+            self.window.composer.set_draft("")
+            self.window.draft_files.take()
+            notes.unlink()
+
+    async def meter_near_full(self, tag: str) -> None:
+        """A new conversation whose draft fills most of the context: the meter warns."""
+        here = self.window.conversation_id
+        self.window.new_conversation()
+        self.window.composer.set_draft(LONG_DRAFT)
+        await self.window.prewarm.idle()
+        await self.settle(1.0)
+        await self.shoot(f"meter-{tag}")
+        self.window.composer.set_draft("")
+        if here is not None:
+            self.window.open_conversation(here)
 
     def dialogs(self) -> list[tuple[str, Callable]]:
         return [
