@@ -91,6 +91,7 @@ class Walk:
         from app.models.default import default_model_path
 
         self.out = out
+        self.home = Path(os.environ["STOKE_HOME"])  # the walk's own files stay out of `out`
         self.options = LoadOptions(str(default_model_path()), n_ctx=4096)
         self.window = None
         self.session = None
@@ -151,7 +152,7 @@ class Walk:
         from app.hardware.synthetic_gguf import write_deepseek4
         from app.models.library import Library
 
-        model = write_deepseek4(self.out / "DeepSeek-V4-Flash-scaled.gguf", mode="scaled")
+        model = write_deepseek4(self.home / "DeepSeek-V4-Flash-scaled.gguf", mode="scaled")
         Library().import_model(model, mode="link")
         self.window.model_switcher.refresh()
 
@@ -185,7 +186,7 @@ class Walk:
             },
             "messages": messages,
         }
-        export = self.out / "walk-conversation.json"
+        export = self.home / "walk-conversation.json"
         export.write_text(json.dumps(data), "utf-8")
         try:
             self.window.import_from(export)  # File > Import's own path
@@ -213,7 +214,7 @@ class Walk:
 
     async def attachment(self, tag: str) -> None:
         """A file attached to the draft (prefilled at once) and a question being typed."""
-        notes = self.out / "release-notes.md"
+        notes = self.home / "release-notes.md"
         notes.write_text(RELEASE_NOTES, "utf-8")
         try:
             self.window.draft_files.bar.attach(notes)
