@@ -188,8 +188,8 @@ def _read(path: Path) -> _HeaderReader:
     try:
         return _HeaderReader(path)
     except Exception as exc:  # gguf-py reports a cut-off header as whatever broke first
-        raise ModelLoadError(
-            f"{path.name} is truncated or damaged: its GGUF header cannot be read ({exc}). "
+        raise ModelLoadError(  # gguf-py's and numpy's own words name their internals
+            f"{path.name} is truncated or damaged: its GGUF header cannot be read. "
             "Download it again."
         ) from exc
 

@@ -50,13 +50,24 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
         )
     if head[:4] != GGUF_MAGIC:
         raise ModelLoadError(
-            f"{file} is not a GGUF model file (it starts with {head[:4]!r}). "
-            "Stoke's llama.cpp engine loads .gguf files."
+            f"{file} is not a GGUF model file: it looks like {_looks_like(head)}, and a model "
+            "file starts with the GGUF signature. Stoke's llama.cpp engine loads .gguf files."
         )
     (version,) = struct.unpack("<I", head[4:8])
     if version not in (2, 3):
         raise ModelLoadError(f"{file} is GGUF version {version}, which this engine cannot read.")
     return file
+
+
+def _looks_like(head: bytes) -> str:
+    """What a file that is not a GGUF seems to be, from its first bytes, in words."""
+    if head.startswith(b"PK"):
+        return "a zip archive"
+    if head.lstrip().startswith((b"<", b"{")):
+        return "a web page or a JSON file (a download link saved as a page?)"
+    if all(32 <= b < 127 or b in b"\t\n\r" for b in head):
+        return "a text file"
+    return "another kind of file"
 
 
 def fingerprint(path: str | os.PathLike[str], *, hash_content: bool = True) -> str:

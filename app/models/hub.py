@@ -224,8 +224,8 @@ def explain(exc: BaseException, repo: str, endpoint: str, filename: str | None =
             return f"The hub at {endpoint} answered {status} for {what}; try again later."
         return f"The hub answered {status} for {what}: {exc.server_message or exc}."
     if isinstance(exc, httpx2.TransportError | LocalEntryNotFoundError | OfflineModeIsEnabled):
-        return (
-            f"Cannot reach the hub at {endpoint} ({type(exc).__name__}: {exc}). Check the "
-            "network connection; the download resumes where it stopped."
-        )
-    return f"Downloading {what} failed: {type(exc).__name__}: {exc}"
+        # Only a download has somewhere to resume from; browsing a repo just tries again.
+        resume = " The download resumes where it stopped." if filename else ""
+        return f"Cannot reach the hub at {endpoint}: check the network connection.{resume}"
+    doing = "Downloading" if filename else "Reading"
+    return f"{doing} {what} from {endpoint} failed unexpectedly; try again later."

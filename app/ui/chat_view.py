@@ -33,6 +33,7 @@ PAGE_SIZE = 40
 EMPTY_HINT = "Start a conversation — type below. Enter sends, Shift+Enter adds a line."
 _STREAM_RENDER_MS = 50
 _BOTTOM_SLACK_PX = 8
+_EDIT_MARGIN_PX = 12  # room kept above a message whose editor opens
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,23 @@ class ChatView(QWidget):
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.branch_requested.connect(self.branch_requested)
         widget.continue_requested.connect(self.continue_requested)
+        widget.edit_started.connect(lambda w=widget: self._reveal_editor(w))
         return widget
+
+    def _reveal_editor(self, widget: MessageWidget) -> None:
+        """An editor opened above the fold (the first message) is scrolled to, not left under
+        the top edge; the view stops following the bottom while it is open."""
+        self._pinned = False
+        self._anchor_from_bottom = None
+        self._to_start = False
+        QTimer.singleShot(0, lambda: self._scroll_to_top_of(widget))
+
+    def _scroll_to_top_of(self, widget: MessageWidget) -> None:
+        bar = self._scroll.verticalScrollBar()
+        top = widget.mapTo(self._scroll.widget(), widget.rect().topLeft()).y() - _EDIT_MARGIN_PX
+        bottom = top + widget.height() + 2 * _EDIT_MARGIN_PX
+        if top < bar.value() or bottom > bar.value() + self._scroll.viewport().height():
+            self._set_scroll(max(0, min(top, bar.maximum())))
 
     @staticmethod
     def _discard(widget: QWidget) -> None:

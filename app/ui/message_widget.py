@@ -163,6 +163,7 @@ class MessageWidget(QWidget):
     regenerate_requested = Signal(str)
     branch_requested = Signal(str)
     continue_requested = Signal(str)
+    edit_started = Signal()  # the view brings the editor into sight
 
     def __init__(self, message: MessageView, *, dark: bool, parent: QWidget) -> None:
         super().__init__(parent)
@@ -414,6 +415,7 @@ class MessageWidget(QWidget):
             self._editor_box.show()
         self._set_bubble_fills_row(True)
         editor.setFocus()
+        self.edit_started.emit()
 
     def _build_editor(self) -> QPlainTextEdit:
         box = QWidget(self.bubble)

@@ -595,7 +595,9 @@ class LibraryTab:
         model = self.selected_model()
         if model is None:
             return
-        if not confirm(self, "Delete model", self.delete_summary(model), "Delete"):
+        in_use = str(model.path) == self._loaded_path  # the summary says to load another first
+        summary = self.delete_summary(model)
+        if not confirm(self, "Delete model", summary, "Delete", allowed=not in_use):
             return
         self.banner.hide()
         ref = str(model.path)

@@ -35,8 +35,17 @@ def tab_page(parent: QWidget, spacing: int) -> tuple[QWidget, QVBoxLayout]:
     return page, column
 
 
-def confirm(parent: QWidget, title: str, text: str, action: str, keep: str = "Cancel") -> bool:
-    """Ask before something that cannot be undone; the safe answer is the default."""
+def confirm(
+    parent: QWidget,
+    title: str,
+    text: str,
+    action: str,
+    keep: str = "Cancel",
+    *,
+    allowed: bool = True,
+) -> bool:
+    """Ask before something that cannot be undone; the safe answer is the default. When the
+    text says why it cannot be done now (not `allowed`), the action's button is disabled."""
     box = QMessageBox(parent)
     box.setIcon(QMessageBox.Icon.Warning)
     box.setWindowTitle(title)
@@ -46,6 +55,7 @@ def confirm(parent: QWidget, title: str, text: str, action: str, keep: str = "Ca
     yes = box.button(QMessageBox.StandardButton.Yes)
     yes.setText(action)
     described(yes, action, action)
+    yes.setEnabled(allowed)
     no = box.button(QMessageBox.StandardButton.Cancel)
     no.setText(keep)
     described(no, keep, keep)

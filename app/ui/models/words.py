@@ -99,10 +99,35 @@ def fit_level(text: str) -> str:
     return "warn"
 
 
+SETTING_LABELS = {
+    "engine": "Engine",
+    "n_ctx": "Context (tokens)",
+    "n_batch": "Prompt batch (tokens)",
+    "n_ubatch": "Compute batch (tokens)",
+    "n_seq_max": "Conversations kept loaded",
+    "n_threads": "CPU threads",
+    "n_gpu_layers": "Layers on the GPU",
+    "flash_attn": "Flash attention",
+    "overrides": "Tensor placement",
+    "tensor_split": "Split across GPUs",
+    "kv_type": "KV cache type",
+    "swa_full": "Full sliding-window cache",
+    "kv_offload": "KV cache on the GPU",
+    "cpu_buffers": "Repacked CPU weights",
+    "chat_template": "Chat template",
+    "snapshots": "KV snapshots",
+}
+
+
+def setting_label(key: str) -> str:
+    """A load setting's name as the Hardware dialog says it, never the raw key."""
+    return SETTING_LABELS.get(key) or key.removeprefix("n_").replace("_", " ").capitalize()
+
+
 def describe_settings(settings: dict[str, Any]) -> str:
     """Saved load settings in a few lines (lists of rules are counted, not printed)."""
     lines = []
-    for key, value in sorted(settings.items()):
+    for key, value in sorted(settings.items(), key=lambda item: setting_label(item[0])):
         if isinstance(value, list | tuple):
             if not value:
                 continue
@@ -113,7 +138,7 @@ def describe_settings(settings: dict[str, Any]) -> str:
             shown = f"{value:,}"
         else:
             shown = str(value)
-        lines.append(f"{key}: {shown}")
+        lines.append(f"{setting_label(key)}: {shown}")
     return "\n".join(lines)
 
 
