@@ -14,7 +14,9 @@ The tokenizer view costs about a second to build, so a runtime keeps one per loa
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
+import llama_cpp
 import llguidance
 import numpy as np
 
@@ -39,6 +41,28 @@ def tokenizer_from_pieces(
     for token in special:
         marked[token] = b"\xff" + marked[token]
     return llguidance.LLTokenizer(_Wrapper(marked, list(eog), tokenize), eos_token=list(eog))
+
+
+def tokenizer_from_vocab(vocab: Any, eog: Sequence[int]) -> llguidance.LLTokenizer:
+    """For a GGUF's tokenizer through llama.cpp's vocab (both engines read GGUFs so)."""
+    special = [
+        t
+        for t in range(vocab.n_tokens)
+        if llama_cpp.llama_vocab_get_attr(vocab.ptr, t) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+    ]
+    return tokenizer_from_pieces(
+        [vocab.token_bytes(t) for t in range(vocab.n_tokens)],
+        special,
+        sorted(eog),
+        lambda text: vocab.tokenize(text, special=False),
+    )
+
+
+def tokenizer_from_hf(hf_tokenizer: Any, eog: Sequence[int]) -> llguidance.LLTokenizer:
+    """For an mlx-lm folder's Hugging Face tokenizer."""
+    from llguidance.hf import from_tokenizer
+
+    return from_tokenizer(hf_tokenizer, eos_token=sorted(eog))
 
 
 class _Wrapper:

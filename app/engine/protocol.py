@@ -110,6 +110,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     # A grammar every reply must follow (llguidance Lark; engine/constraint.py), or None.
     grammar: str | None = None
+    logprobs: int | None = None  # report each token's logprob and this many alternatives
 
     @property
     def penalized(self) -> bool:
@@ -148,6 +149,8 @@ class TokenEvent:
 
     token_id: int
     text: str
+    logprob: float | None = None  # when the sampling asked for logprobs
+    top: tuple[tuple[int, float], ...] = ()  # the likeliest (id, logprob), best first
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from app.engine.kvstore import KVStore, common_prefix
+from app.engine.logprobs import Scores
 from app.engine.protocol import (
     CancelToken,
     ContextOverflowError,
@@ -68,6 +69,10 @@ class Draw(Protocol[S]):
 
     def feed(self, slot: S, token: int) -> None:
         """Make the logits after the kept `token` ready, unless `next` already did."""
+        ...
+
+    def scores(self) -> Scores:
+        """The last drawn token's logprob and top alternatives, when the sampling asked."""
         ...
 
     def close(self) -> None: ...
@@ -373,7 +378,7 @@ class SlotEngine(Generic[S]):
                     reason = FinishReason.STOP
                     break
                 generated += 1
-                yield TokenEvent(token, text(token))
+                yield TokenEvent(token, text(token), *draw.scores())
                 if last:
                     break
                 draw.feed(held, token)

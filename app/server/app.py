@@ -67,6 +67,7 @@ from app.server.http import (
     too_large,
     write_event,
 )
+from app.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
 from app.server.prompts import ChatPrompts, with_tools
 from app.server.replay import (
     THINK_OPEN,
@@ -456,7 +457,7 @@ class ApiServer:
             async for event in generation:
                 if reply.stopped:
                     continue  # cancelled at a stop sequence; the engine is winding down
-                piece = reply.add(event.token_id, event.text)
+                piece = reply.add(event.token_id, event.text, event.logprob, event.top)
                 if reply.stopped:
                     generation.cancel()
                 yield piece, [event.token_id]
@@ -486,7 +487,7 @@ class ApiServer:
             choice["message"] = message
         else:
             choice["text"] = reply.text
-        choice["logprobs"] = None
+        choice["logprobs"] = self._logprobs(job, reply, 0)
         choice["finish_reason"] = "tool_calls" if calls else finish_reason(reply)
         if job.params.return_token_ids:
             choice["token_ids"] = reply.tokens
@@ -512,6 +513,7 @@ class ApiServer:
         splitter = ReasoningSplitter(opened=job.reasoning_opened) if chat else None
         calls_text = ToolStream(job.syntax) if job.tools.active else None
         reply = Reply(job.params.stop)
+        scored = 0  # tokens whose logprobs have been sent
 
         async def send(
             text: str = "",
@@ -535,7 +537,9 @@ class ApiServer:
                 choice["delta"] = delta
             else:
                 choice["text"] = text
-            choice["logprobs"] = None
+            nonlocal scored
+            choice["logprobs"] = self._logprobs(job, reply, scored)
+            scored = len(reply.tokens)
             choice["finish_reason"] = finish
             if job.params.return_token_ids:
                 choice["token_ids"] = ids or []
@@ -675,6 +679,14 @@ class ApiServer:
                 calls=calls_key(content, [c.canonical() for c in calls]) if calls else None,
             )
         return reasoning, content, calls
+
+    def _logprobs(self, job: _Job, reply: Reply, start: int) -> dict[str, Any] | None:
+        """The logprobs of the reply's tokens from `start` on, when the request asked."""
+        if job.params.sampling.logprobs is None:
+            return None
+        texts = TokenTexts(self.engine.local_tokenizer())
+        shape = chat_logprobs if job.kind == "chat" else completion_logprobs
+        return shape(reply.tokens[start:], reply.scores[start:], texts)
 
     def _client_left(self, job: _Job) -> None:
         self.stats.disconnected += 1

@@ -4,9 +4,11 @@ or named `tool_choice` (one call, in the model's own syntax, to one of the offer
 with arguments valid under its parameters schema). The engines enforce it token by token
 (app/engine/constraint.py), so even the smallest model answers in the shape asked for.
 
-JSON is written compactly with ", " and ": " and no other whitespace, so a small model
-cannot wander into endless blank lines. Families whose call markers are special tokens name
-them by id (`<[id]>`), as the grammar library reads them.
+Objects in a tool's parameters (and in a `strict` json_schema) take only the properties they
+list unless they say otherwise, as OpenAI's strict mode reads them: a small model otherwise
+wanders into keys of its own. JSON is written compactly with ", " and ": " and no other
+whitespace, so a small model cannot wander into endless blank lines. Families whose call
+markers are special tokens name them by id (`<[id]>`), as the grammar library reads them.
 """
 
 from __future__ import annotations
@@ -52,8 +54,24 @@ def reply_grammar(
     if response_format.kind == "json_object":
         return "start: " + _json({"type": "object"})
     if response_format.kind == "json_schema":
-        return "start: " + _json(response_format.schema or {})
+        schema = response_format.schema or {}
+        return "start: " + _json(_closed(schema) if response_format.strict else schema)
     return None
+
+
+def _closed(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` on every object that lists properties
+    and says nothing about others."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    literal = ("const", "enum", "default", "examples")
+    out = {k: v if k in literal else _closed(v) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: _closed(v) for k, v in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    return out
 
 
 def _json(schema: dict[str, Any]) -> str:
@@ -66,7 +84,7 @@ def _call_grammar(tools: Tools, syntax: ToolSyntax, tokenize: Tokenize) -> str:
     options = [
         {
             "type": "object",
-            "properties": {"name": {"const": name}, args_key: tools.schema(name)},
+            "properties": {"name": {"const": name}, args_key: _closed(tools.schema(name))},
             "required": ["name", args_key],
             "additionalProperties": False,
         }
@@ -78,9 +96,9 @@ def _call_grammar(tools: Tools, syntax: ToolSyntax, tokenize: Tokenize) -> str:
     if syntax.family == "mistral":
         return f'start: {_literal("[TOOL_CALLS]", tokenize)} "[" {call} "]"'
     if syntax.family == "deepseek":  # the name is written bare, then the arguments
+        sep = _literal("<｜tool▁sep｜>", tokenize)
         alternatives = " | ".join(
-            f"{json.dumps(name)} {_literal('<｜tool▁sep｜>', tokenize)} {_json(tools.schema(name))}"
-            for name in names
+            f"{json.dumps(name)} {sep} {_json(_closed(tools.schema(name)))}" for name in names
         )
         begin = (
             _literal("<｜tool▁calls▁begin｜>", tokenize)

@@ -22,10 +22,19 @@ class Reply:
     sent: int = 0  # characters of text handed out
     stopped: bool = False  # a stop sequence ended it
     stats: GenerationStats | None = None  # the engine's numbers, once it has finished
+    # Per token when logprobs were asked for: (logprob, top (id, logprob) pairs)
+    scores: list[tuple[float | None, tuple[tuple[int, float], ...]]] = field(default_factory=list)
 
-    def add(self, token_id: int, piece: str) -> str:
+    def add(
+        self,
+        token_id: int,
+        piece: str,
+        logprob: float | None = None,
+        top: tuple[tuple[int, float], ...] = (),
+    ) -> str:
         """Take one token; returns the text now safe to send."""
         self.tokens.append(token_id)
+        self.scores.append((logprob, top))
         self.text += piece
         self.ends.append(len(self.text))
         hold = 0

@@ -150,7 +150,9 @@ def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
             "chat template those itself.",
         )
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return ChatRequest(_params(body, max_tokens), messages, dict(variables), tools, response_format)
+    return ChatRequest(
+        _params(body, max_tokens, chat=True), messages, dict(variables), tools, response_format
+    )
 
 
 def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
@@ -171,7 +173,7 @@ def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
         raise _invalid("echo", "`echo` is not supported.")
     if body.get("suffix"):
         raise _invalid("suffix", "`suffix` (text to insert before) is not supported.")
-    return CompletionRequest(_params(body, body.get("max_tokens")), parsed)
+    return CompletionRequest(_params(body, body.get("max_tokens"), chat=False), parsed)
 
 
 def _message(index: int, raw: Any) -> Message:
@@ -218,7 +220,7 @@ def _content(where: str, content: Any, *, allow_none: bool) -> str:
     raise _invalid(f"{where}.content", f"{where}.content must be a string or a list of parts.")
 
 
-def _params(body: Mapping[str, Any], max_tokens: Any) -> GenerationParams:
+def _params(body: Mapping[str, Any], max_tokens: Any, *, chat: bool) -> GenerationParams:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("model", "`model` is required: one of the ids /v1/models lists.")
@@ -227,8 +229,7 @@ def _params(body: Mapping[str, Any], max_tokens: Any) -> GenerationParams:
         raise _invalid("n", "Only one choice per request is supported (`n` must be 1).")
     if body.get("best_of") not in (None, 1):
         raise _invalid("best_of", "Only one candidate per request is made (`best_of` must be 1).")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise _invalid("logprobs", "`logprobs` is not supported.")
+    logprobs = _logprobs(body, chat=chat)
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 0):
         raise _invalid("max_tokens", "`max_tokens` must be a whole number >= 0.")
     stream = body.get("stream") or False
@@ -250,6 +251,7 @@ def _params(body: Mapping[str, Any], max_tokens: Any) -> GenerationParams:
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.1, 2.0),
         logit_bias=_logit_bias(body.get("logit_bias")),
+        logprobs=logprobs,
     )
     return GenerationParams(
         model=model,
@@ -260,6 +262,26 @@ def _params(body: Mapping[str, Any], max_tokens: Any) -> GenerationParams:
         stop=_stops(body.get("stop")),
         return_token_ids=bool(body.get("return_token_ids")),
     )
+
+
+def _logprobs(body: Mapping[str, Any], *, chat: bool) -> int | None:
+    """How many alternatives to report per token, or None for no logprobs: chat takes
+    `logprobs: true` with `top_logprobs` 0-20, completions `logprobs` 0-5."""
+    raw = body.get("logprobs")
+    if chat:
+        top = body.get("top_logprobs")
+        if raw not in (None, True, False):
+            raise _invalid("logprobs", "`logprobs` must be true or false.")
+        if top is not None and (not _is_int(top) or not 0 <= top <= 20):
+            raise _invalid("top_logprobs", "`top_logprobs` must be a whole number from 0 to 20.")
+        if top is not None and not raw:
+            raise _invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`.")
+        return (top or 0) if raw else None
+    if raw is None or raw is False:
+        return None
+    if not _is_int(raw) or not 0 <= raw <= 5:
+        raise _invalid("logprobs", "`logprobs` must be a whole number from 0 to 5.")
+    return raw
 
 
 def _stops(raw: Any) -> tuple[str, ...]:

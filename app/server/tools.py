@@ -177,6 +177,7 @@ class ResponseFormat:
 
     kind: str = "text"  # text | json_object | json_schema
     schema: dict[str, Any] | None = None
+    strict: bool = False  # objects take only the properties they list (grammar.py)
 
 
 def parse_response_format(raw: Any) -> ResponseFormat:
@@ -195,7 +196,7 @@ def parse_response_format(raw: Any) -> ResponseFormat:
                 "response_format",
                 "`response_format.json_schema.schema` must be a JSON schema object.",
             )
-        return ResponseFormat("json_schema", dict(schema))
+        return ResponseFormat("json_schema", dict(schema), spec.get("strict") is True)
     raise invalid(
         "response_format",
         '`response_format.type` must be "text", "json_object" or "json_schema".',

@@ -29,8 +29,11 @@ def document(topic: str, facts: int = 40) -> str:
 
 
 class ServerThread:
-    def __init__(self, *, n_ctx: int = 4096, n_seq_max: int = 4, **config: Any) -> None:
+    def __init__(
+        self, *, n_ctx: int = 4096, n_seq_max: int = 4, backend: str | None = None, **config: Any
+    ) -> None:
         self.options = LoadOptions(str(default_model_path()), n_ctx=n_ctx, n_seq_max=n_seq_max)
+        self.backend = backend  # None: the platform's engine
         self.config = ServerConfig(api_key=API_KEY, port=0, **config)
         self.loop = asyncio.new_event_loop()
         self.engine: EngineClient | None = None
@@ -49,7 +52,7 @@ class ServerThread:
         self.loop.close()
 
     async def _start(self) -> None:
-        self.engine = EngineClient(self.options)
+        self.engine = EngineClient(self.options, backend=self.backend)
         await self.engine.start()
         self.server = ApiServer(self.engine, self.config)
         await self.server.start()

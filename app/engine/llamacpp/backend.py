@@ -24,10 +24,11 @@ import llguidance
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from app.engine.constraint import Constraint, tokenizer_from_pieces
+from app.engine.constraint import Constraint, tokenizer_from_vocab
 from app.engine.llamacpp import cpu_buffers
 from app.engine.llamacpp.handles import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 from app.engine.llamacpp.overrides import apply_overrides
+from app.engine.logprobs import NO_SCORES, Scores, scores
 from app.engine.model_file import check_gguf, fingerprint
 from app.engine.protocol import (
     ContextOverflowError,
@@ -203,20 +204,30 @@ class _LlamaDraw:
         chain: LlamaSampler,
         ctx: LlamaContext,
         forward: Callable[..., None],
-        constraint: tuple[Constraint, int] | None = None,  # and the vocabulary's size
+        n_vocab: int,
+        constraint: Constraint | None = None,
+        n_top: int | None = None,  # logprobs asked for, with this many alternatives
     ) -> None:
         self._chain, self._ctx, self._forward = chain, ctx, forward
-        self._constraint = constraint
+        self._n_vocab, self._constraint, self._n_top = n_vocab, constraint, n_top
+        self._scores: Scores = NO_SCORES
 
     def next(self, seq: _Sequence, last: bool) -> int:
-        if self._constraint is None:
+        if self._constraint is None and self._n_top is None:
             return self._chain.sample(self._ctx)
-        constraint, n_vocab = self._constraint
-        logits = llama_cpp.llama_get_logits_ith(self._ctx.ptr, -1)
-        constraint.mask_in_place(np.ctypeslib.as_array(logits, shape=(n_vocab,)))
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx.ptr, -1)
+        logits = np.ctypeslib.as_array(pointer, shape=(self._n_vocab,))
+        if self._constraint is not None:
+            self._constraint.mask_in_place(logits)  # in place: the chain samples from these
         token = self._chain.sample(self._ctx)
-        constraint.accept(token)
+        if self._constraint is not None:
+            self._constraint.accept(token)
+        if self._n_top is not None:
+            self._scores = scores(logits, token, self._n_top)
         return token
+
+    def scores(self) -> Scores:
+        return self._scores
 
     def take_back(self, seq: _Sequence) -> None:
         """Nothing to undo: a drawn token is evaluated only once it is kept."""
@@ -404,29 +415,17 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         return lambda token: decoder.decode(self.token_bytes(token))
 
     def _draw(self, sampling: SamplingParams, prompt: Sequence[int]) -> _LlamaDraw:
+        n_vocab = self.info.n_vocab
         constraint = None
         if sampling.grammar is not None:
-            constraint = (
-                Constraint(self._grammar_tokenizer(), sampling.grammar, self.info.n_vocab),
-                self.info.n_vocab,
-            )
-        return _LlamaDraw(self._sampler(sampling, prompt), self._ctx, self._forward, constraint)
+            constraint = Constraint(self._grammar_tokenizer(), sampling.grammar, n_vocab)
+        chain = self._sampler(sampling, prompt)
+        return _LlamaDraw(chain, self._ctx, self._forward, n_vocab, constraint, sampling.logprobs)
 
     def _grammar_tokenizer(self) -> llguidance.LLTokenizer:
         """The vocabulary as the grammar library reads it, built once per loaded model."""
         if self._lltokenizer is None:
-            vocab = self._require_vocab()
-            special = [
-                t
-                for t in range(vocab.n_tokens)
-                if llama_cpp.llama_vocab_get_attr(vocab.ptr, t) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
-            ]
-            self._lltokenizer = tokenizer_from_pieces(
-                [vocab.token_bytes(t) for t in range(vocab.n_tokens)],
-                special,
-                sorted(self._eog),
-                lambda text: vocab.tokenize(text, special=False),
-            )
+            self._lltokenizer = tokenizer_from_vocab(self._require_vocab(), self._eog)
         return self._lltokenizer
 
     def _sampler(self, sampling: SamplingParams, prompt: Sequence[int]) -> LlamaSampler:

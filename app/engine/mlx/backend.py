@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
+from llguidance import LLTokenizer
 from mlx_lm.models.cache import (
     KVCache,
     can_trim_prompt_cache,
@@ -33,6 +35,9 @@ from mlx_lm.models.cache import (
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from app import paths
+from app.engine.constraint import Constraint
+from app.engine.logprobs import NO_SCORES, Scores
+from app.engine.logprobs import scores as logprob_scores
 from app.engine.mlx.models import LoadedModel, load_model
 from app.engine.protocol import EngineError, LoadOptions, ModelInfo, SamplingParams
 from app.engine.slots import Slot, SlotEngine
@@ -84,6 +89,9 @@ class _MlxDraw:
         self._penalty_last_n = sampling.penalty_last_n
         self._logits: mx.array | None = None  # what the last token was drawn from
         self._ahead = False
+        self._constraint = engine._constraint(sampling)
+        self._n_top = sampling.logprobs
+        self._scores: Scores = NO_SCORES
 
     def next(self, slot: _Slot, last: bool) -> int:
         self._logits = slot.logits
@@ -92,11 +100,22 @@ class _MlxDraw:
             context = mx.array(slot.tokens[-self._penalty_last_n :])
             for process in self._processors:
                 scores = process(context, scores)
+        if self._constraint is not None:
+            allowed = self._constraint.allowed()
+            width = scores.shape[-1]
+            allowed = np.pad(allowed, (0, max(width - allowed.size, 0)))[:width]
+            scores = mx.where(mx.array(allowed)[None], scores, -mx.inf)
         sampled = self._sample(scores - mx.logsumexp(scores, axis=-1, keepdims=True))
         self._ahead = self._engine._trimmable and not last
         if self._ahead:
             self._engine._feed_ahead(slot, sampled)
         token = int(sampled.item())
+        if self._constraint is not None:
+            self._constraint.accept(token)
+        if self._n_top is not None:
+            self._scores = logprob_scores(
+                np.array(scores[0].astype(mx.float32)), token, self._n_top
+            )
         if self._ahead:
             slot.tokens.append(token)
         return token
@@ -117,6 +136,9 @@ class _MlxDraw:
         if not self._ahead:
             self._engine._forward(slot, [token], want_logits=True)
 
+    def scores(self) -> Scores:
+        return self._scores
+
     def close(self) -> None:
         """Nothing native to free: MLX arrays go with their last reference."""
 
@@ -129,6 +151,7 @@ class MlxEngine(SlotEngine[_Slot]):
     def __init__(self) -> None:
         super().__init__()
         self._loaded: LoadedModel | None = None
+        self._lltokenizer: LLTokenizer | None = None  # for grammars, once asked
 
     # -- loading --------------------------------------------------------------------------
 
@@ -166,7 +189,16 @@ class MlxEngine(SlotEngine[_Slot]):
 
     def _close_runtime(self) -> None:
         self._loaded = None
+        self._lltokenizer = None
         mx.clear_cache()
+
+    def _constraint(self, sampling: SamplingParams) -> Constraint | None:
+        """The reply's grammar, over a vocabulary view built once per loaded model."""
+        if sampling.grammar is None:
+            return None
+        if self._lltokenizer is None:
+            self._lltokenizer = self._loaded.tokenizer.grammar_tokenizer(sorted(self._eog))
+        return Constraint(self._lltokenizer, sampling.grammar, self.info.n_vocab)
 
     # -- tokens ---------------------------------------------------------------------------
 

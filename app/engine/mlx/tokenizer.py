@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from llguidance import LLTokenizer
+
+from app.engine.constraint import tokenizer_from_hf, tokenizer_from_vocab
 from app.engine.llamacpp.backend import Vocab
 
 
@@ -28,6 +31,10 @@ class MlxTokenizer(Protocol):
     def detokenize(self, tokens: Sequence[int]) -> str: ...
 
     def stream(self) -> TextStream: ...
+
+    def grammar_tokenizer(self, eog: Sequence[int]) -> LLTokenizer:
+        """The vocabulary as the grammar library reads it (engine/constraint.py)."""
+        ...
 
 
 class _BytesStream:
@@ -53,6 +60,9 @@ class GGUFTokenizer:
 
     def stream(self) -> TextStream:
         return _BytesStream(self.vocab)
+
+    def grammar_tokenizer(self, eog: Sequence[int]) -> LLTokenizer:
+        return tokenizer_from_vocab(self.vocab, eog)
 
 
 class _DetokenizerStream:
@@ -83,3 +93,6 @@ class HFTokenizer:
 
     def stream(self) -> TextStream:
         return _DetokenizerStream(self.wrapper.detokenizer)
+
+    def grammar_tokenizer(self, eog: Sequence[int]) -> LLTokenizer:
+        return tokenizer_from_hf(self.hf, eog)
