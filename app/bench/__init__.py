@@ -1,4 +1,4 @@
-"""Benchmarks (not timed tests): `stoke bench kv|ui|serve|cpu-buffers` and the device scripts;
+"""Benchmarks (not timed tests): `stoke bench kv|ui|attach|serve|cpu-buffers`, device scripts;
 each prints a table and writes JSON (the top-level bench/results/ holds the runs the README quotes).
 
 May import: every room, the window included (`bench ui` streams into it). Nothing imports
