@@ -186,8 +186,10 @@ def test_saved_load_settings_are_shown(open_dialog: Callable[..., ModelsDialog],
     Library().set_load_settings(model.id, {"n_ctx": 65536, "n_gpu_layers": 99, "flash_attn": True})
     dialog = open_dialog()
     dialog.select_model(model.id)
-    qtbot.waitUntil(lambda: "n_ctx" in dialog.details_settings.text(), timeout=WAIT_MS)
-    assert dialog.details_settings.text() == "flash_attn: on\nn_ctx: 65,536\nn_gpu_layers: 99"
+    qtbot.waitUntil(lambda: "Context" in dialog.details_settings.text(), timeout=WAIT_MS)
+    assert dialog.details_settings.text() == (
+        "Context (tokens): 65,536\nFlash attention: on\nLayers on the GPU: 99"
+    )
 
 
 def test_load_and_plan_emit_the_model_path(
