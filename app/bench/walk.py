@@ -205,6 +205,13 @@ class Walk:
             dialog.close()
         await self.serving(tag)
 
+    async def type(self, text: str) -> None:
+        """Put `text` in the composer and wait for its prefill: the composer's pause, then the
+        prewarm's (debounced) work, so the counts on screen are the engine's."""
+        self.window.composer.set_draft(text)
+        await self.settle(1.0)
+        await self.window.prewarm.idle()
+
     async def picker(self, tag: str) -> None:
         """The header's model picker, open."""
         picker = self.window.model_switcher.picker
@@ -219,8 +226,7 @@ class Walk:
         try:
             self.window.draft_files.bar.attach(notes)
             await self.window.prewarm.idle()
-            self.window.composer.set_draft("What changed for people on Intel CPUs?")
-            await self.window.prewarm.idle()
+            await self.type("What changed for people on Intel CPUs?")
             await self.shoot(f"attachment-{tag}")
         finally:
             self.window.composer.set_draft("")
@@ -231,9 +237,7 @@ class Walk:
         """A new conversation whose draft fills most of the context: the meter warns."""
         here = self.window.conversation_id
         self.window.new_conversation()
-        self.window.composer.set_draft(LONG_DRAFT)
-        await self.window.prewarm.idle()
-        await self.settle(1.0)
+        await self.type(LONG_DRAFT)
         await self.shoot(f"meter-{tag}")
         self.window.composer.set_draft("")
         if here is not None:
