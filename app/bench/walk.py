@@ -208,7 +208,7 @@ class Walk:
     async def type(self, text: str) -> None:
         """Put `text` in the composer and wait for its prefill: the composer's pause, then the
         prewarm's (debounced) work, so the counts on screen are the engine's."""
-        self.window.composer.set_draft(text)
+        self.window.composer.editor.setPlainText(text)  # as typing (set_draft is not)
         await self.settle(1.0)
         await self.window.prewarm.idle()
 
