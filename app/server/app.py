@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -58,13 +57,14 @@ from app.engine.protocol import (
 from app.engine.worker import Priority
 from app.models.names import model_name
 from app.server import auth
+from app.server.anthropic import AnthropicApi
 from app.server.grammar import constrained
 from app.server.http import (
     FAILED,
     Connection,
     engine_error,
     http_error,
-    too_large,
+    read_body,
     write_event,
 )
 from app.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
@@ -79,9 +79,9 @@ from app.server.replay import (
 from app.server.replies import Reply, finish_reason, usage
 from app.server.schema import (
     ApiError,
+    ChatRequest,
     CompletionRequest,
     GenerationParams,
-    check_json,
     parse_chat,
     parse_completion,
 )
@@ -93,6 +93,8 @@ from app.server.tools import ToolCall, Tools
 logger = logging.getLogger("stoke.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Writes one job's reply: (request, job, slot, held tokens) -> the response
+Respond = Callable[[web.Request, Any, str, list[int]], Awaitable[web.StreamResponse]]
 RETRY_AFTER_S = 2  # what a 429 tells the client to wait
 _HEALTH = {  # engine state -> (HTTP status, /health's status word)
     EngineState.READY: (200, "ok"),
@@ -194,6 +196,7 @@ class ApiServer:
             app.router.add_post(f"{prefix}/chat/completions", self._chat)
             app.router.add_post(f"{prefix}/completions", self._completions)
             app.router.add_get(f"{prefix}/health", self._health)
+        AnthropicApi(self).add_routes(app)
         runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
         self._runner = runner
@@ -273,11 +276,16 @@ class ApiServer:
             return web.Response(status=204, headers=self._cors_headers(request, preflight=True))
         if request.path in ("/health", "/v1/health"):
             return await handler(request)  # status only, for supervisors and load balancers
-        if not auth.authorized(request.headers.get("Authorization"), self.config.api_key):
+        key = self.config.api_key
+        if not (
+            auth.authorized(request.headers.get("Authorization"), key)
+            or auth.authorized_key(request.headers.get("x-api-key"), key)
+        ):
             raise ApiError(
                 401,
-                "Missing or wrong API key. Send it as 'Authorization: Bearer KEY'; Stoke shows "
-                "it in Settings > API server, and `stoke serve --show-key` prints it.",
+                "Missing or wrong API key. Send it as 'Authorization: Bearer KEY' (or as "
+                "'x-api-key: KEY'); Stoke shows it in Settings > API server, and "
+                "`stoke serve --show-key` prints it.",
                 code="invalid_api_key",
             )
         return await handler(request)
@@ -290,7 +298,7 @@ class ApiServer:
         headers = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
         if preflight:
             headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
-            headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, x-api-key"
             headers["Access-Control-Max-Age"] = "600"
         return headers
 
@@ -335,7 +343,12 @@ class ApiServer:
         return web.json_response(body, status=status)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        chat = parse_chat(await self._body(request))
+        job, info = await self.chat_job(parse_chat(await self._body(request)))
+        return await self._generate(request, job, info)
+
+    async def chat_job(self, chat: ChatRequest) -> tuple[_Job, ModelInfo]:
+        """A chat request as the job to run: its prompt, grammar and tools (every chat API
+        of this server goes through here)."""
         info = await self._ready(chat.params)
         source = ChatTemplate(info.chat_template).source
         syntax = syntax_for(source)
@@ -354,8 +367,7 @@ class ApiServer:
         except TemplateError as exc:
             raise ApiError(400, f"The model's chat template refused these messages: {exc}") from exc
         params = constrained(chat, syntax, self.engine.local_tokenizer())
-        job = _Job("chat", params, prompt, opened, chat.tools, syntax)
-        return await self._generate(request, job, info)
+        return _Job("chat", params, prompt, opened, chat.tools, syntax), info
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         completion = parse_completion(await self._body(request))
@@ -392,8 +404,10 @@ class ApiServer:
     # -- generation --------------------------------------------------------------------------
 
     async def _generate(
-        self, request: web.Request, job: _Job, info: ModelInfo
+        self, request: web.Request, job: _Job, info: ModelInfo, respond: Respond | None = None
     ) -> web.StreamResponse:
+        """Run the job on its conversation's slot; `respond` writes the reply in another
+        API's shape (Anthropic's), else OpenAI's, streamed or whole."""
         if len(job.prompt) >= info.n_ctx:
             raise ApiError(
                 400,
@@ -424,6 +438,8 @@ class ApiServer:
         slot = self.slots.acquire(job.prompt)
         held = list(job.prompt)  # what the slot holds when this request ends
         try:
+            if respond is not None:
+                return await respond(request, job, slot, held)
             if job.params.stream:
                 return await self._stream(request, job, slot, held)
             return await self._whole(job, slot, held)
@@ -588,38 +604,7 @@ class ApiServer:
     # -- helpers -----------------------------------------------------------------------------
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        """The JSON object the request carries, read within the body timeout and checked
-        for what json.loads lets through (check_json); every failure in words."""
-        limit, timeout = self.config.max_body_bytes, self.config.body_timeout_s
-        if request.content_length is not None and request.content_length > limit:
-            raise too_large(request.content_length, limit)
-        try:
-            raw = await asyncio.wait_for(request.read(), timeout)
-        except web.HTTPRequestEntityTooLarge as exc:
-            raise too_large(None, limit) from exc
-        except TimeoutError as exc:
-            raise ApiError(
-                408,
-                f"The request body did not arrive within {timeout:g} s; send it at once.",
-                code="request_timeout",
-                close=True,
-            ) from exc
-        try:
-            body = json.loads(raw)
-        except UnicodeDecodeError as exc:
-            raise ApiError(400, "The request body is not UTF-8 text.") from exc
-        except json.JSONDecodeError as exc:
-            raise ApiError(
-                400,
-                f"The request body is not valid JSON ({exc.msg.lower()} at line {exc.lineno}, "
-                f"column {exc.colno}).",
-            ) from exc
-        except RecursionError as exc:
-            raise ApiError(400, "The request body is nested too deeply.") from exc
-        if not isinstance(body, dict):
-            raise ApiError(400, "The request body must be a JSON object.")
-        check_json(body)
-        return body
+        return await read_body(request, self.config.max_body_bytes, self.config.body_timeout_s)
 
     async def _ready(self, params: GenerationParams) -> ModelInfo:
         """The loaded model's info. With one model loaded, any model name is served by it

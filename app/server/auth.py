@@ -58,3 +58,10 @@ def authorized(header: str | None, key: str) -> bool:
     if scheme.lower() != "bearer":
         return False
     return hmac.compare_digest(token.strip().encode("utf-8", "surrogatepass"), key.encode())
+
+
+def authorized_key(value: str | None, key: str) -> bool:
+    """Whether an `x-api-key` header (Anthropic's clients send the key so) is the key."""
+    if not value:
+        return False
+    return hmac.compare_digest(value.strip().encode("utf-8", "surrogatepass"), key.encode())

@@ -1,9 +1,10 @@
-"""The HTTP side of the API server: connections (the connection limit's mark), and every error
-as OpenAI's JSON error object in words, none carrying Python's exception text or echoing the
-request's bytes."""
+"""The HTTP side of the API server: connections (the connection limit's mark), request bodies
+read and checked, and every error as OpenAI's JSON error object in words, none carrying
+Python's exception text or echoing the request's bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -11,7 +12,7 @@ from aiohttp import web
 
 from app.engine.host import EngineCrashedError
 from app.engine.protocol import ContextOverflowError, EngineError
-from app.server.schema import ApiError
+from app.server.schema import ApiError, check_json
 
 FAILED = "The server failed on this request; its log says why."
 
@@ -81,3 +82,37 @@ def engine_error(exc: EngineError) -> ApiError:
     if isinstance(exc, EngineCrashedError):
         return ApiError(503, str(exc), kind="server_error", code="engine_restarting")
     return ApiError(503, str(exc), kind="server_error", code="engine_error")
+
+
+async def read_body(request: web.Request, limit: int, timeout: float) -> dict[str, Any]:
+    """The JSON object the request carries, read within `timeout` seconds and checked for
+    what json.loads lets through (check_json); every failure in words."""
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large(request.content_length, limit)
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout)
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise too_large(None, limit) from exc
+    except TimeoutError as exc:
+        raise ApiError(
+            408,
+            f"The request body did not arrive within {timeout:g} s; send it at once.",
+            code="request_timeout",
+            close=True,
+        ) from exc
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "The request body is not UTF-8 text.") from exc
+    except json.JSONDecodeError as exc:
+        raise ApiError(
+            400,
+            f"The request body is not valid JSON ({exc.msg.lower()} at line {exc.lineno}, "
+            f"column {exc.colno}).",
+        ) from exc
+    except RecursionError as exc:
+        raise ApiError(400, "The request body is nested too deeply.") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    check_json(body)
+    return body

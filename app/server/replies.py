@@ -21,6 +21,7 @@ class Reply:
     ends: list[int] = field(default_factory=list)  # len(text) after each token
     sent: int = 0  # characters of text handed out
     stopped: bool = False  # a stop sequence ended it
+    matched: str | None = None  # which one
     stats: GenerationStats | None = None  # the engine's numbers, once it has finished
     # Per token when logprobs were asked for: (logprob, top (id, logprob) pairs)
     scores: list[tuple[float | None, tuple[tuple[int, float], ...]]] = field(default_factory=list)
@@ -41,9 +42,10 @@ class Reply:
         if self.stops:
             longest = max(len(s) for s in self.stops)
             window = max(0, self.sent - longest)
-            hits = [i for s in self.stops if (i := self.text.find(s, window)) >= 0]
+            hits = [(i, s) for s in self.stops if (i := self.text.find(s, window)) >= 0]
             if hits:
-                self.text, self.stopped = self.text[: min(hits)], True
+                at, self.matched = min(hits)
+                self.text, self.stopped = self.text[:at], True
             else:
                 hold = longest - 1
         safe = max(self.sent, len(self.text) - hold)
