@@ -5,7 +5,9 @@ back only through signals, so the window decides what an edit or a regeneration 
 
 Long conversations stay responsive because only the newest page of messages gets widgets;
 older pages are built when the user scrolls to the top, and the view keeps its distance
-from the bottom while they are prepended so the text under the reader does not jump.
+from the bottom while they are prepended so the text under the reader does not jump. A
+drag of the scroll bar's handle to the top, or Ctrl+Home, builds page after page (one per
+turn of the event loop) until the first message, and stays at the top.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class ChatView(QWidget):
         self._dirty: set[str] = set()
         self._pinned = True
         self._anchor_from_bottom: int | None = None
+        self._to_start = False  # building every page down to the first, staying at the top
         self._adjusting = False
 
         self._stream_timer = QTimer(self)
@@ -181,6 +184,7 @@ class ChatView(QWidget):
         self._first_loaded = start
         if not same_conversation:
             self._anchor_from_bottom = None
+            self._to_start = False
             self._pinned = True
             self._scroll_to_bottom()
         self._stack.setCurrentWidget(self._scroll if messages else self._empty)
@@ -231,6 +235,25 @@ class ChatView(QWidget):
         widget = self._widgets.get(message.id)
         if widget is not None:
             widget.set_message(message)
+
+    def scroll_to_end(self) -> None:
+        """Show the newest message and follow the conversation from there (a send, Ctrl+End)."""
+        self._to_start = False
+        self._anchor_from_bottom = None
+        self._pinned = True
+        self._scroll_to_bottom()
+
+    def scroll_to_start(self) -> None:
+        """Show the first message, building the older pages on the way (Ctrl+Home)."""
+        self._to_start = True
+        self._anchor_from_bottom = None
+        self._pinned = False
+        self._set_scroll(0)
+        self._load_next_page_to_start()
+
+    def loaded_from(self) -> int:
+        """The index of the first message that has a widget (0: all of them)."""
+        return self._first_loaded
 
     def set_dark(self, dark: bool) -> None:
         """Switch the colours and re-render code highlighting for the other theme."""
@@ -322,8 +345,17 @@ class ChatView(QWidget):
         finally:
             self._adjusting = False
 
+    def _load_next_page_to_start(self) -> None:
+        if not self._to_start or self._first_loaded == 0:
+            return
+        self._load_earlier()
+        self._anchor_from_bottom = None  # the top is where the reader goes
+        QTimer.singleShot(0, self._load_next_page_to_start)
+
     def _range_changed(self, _minimum: int, maximum: int) -> None:
-        if self._anchor_from_bottom is not None:
+        if self._to_start:
+            self._set_scroll(0)
+        elif self._anchor_from_bottom is not None:
             self._set_scroll(maximum - self._anchor_from_bottom)
         elif self._pinned:
             self._set_scroll(maximum)
@@ -341,6 +373,10 @@ class ChatView(QWidget):
             return
         bar = self._scroll.verticalScrollBar()
         self._anchor_from_bottom = None
+        self._to_start = False
         self._pinned = value >= bar.maximum() - _BOTTOM_SLACK_PX
         if value == bar.minimum() and self._first_loaded > 0:
-            self._load_earlier()
+            if bar.isSliderDown():  # the handle dragged to the top: the start is wanted
+                self.scroll_to_start()
+            else:
+                self._load_earlier()

@@ -33,9 +33,7 @@ class ElidedLabel(QLabel):
         self._update_tooltip()
 
     def minimumSizeHint(self) -> QSize:
-        hint = super().minimumSizeHint()
-        if not self.text():
-            return QSize(0, hint.height())
+        hint = super().minimumSizeHint()  # the same with or without text: nothing moves
         margins = self.contentsMargins()
         extra = margins.left() + margins.right() + 2 * self.margin()
         return QSize(self.fontMetrics().horizontalAdvance(_MIN_CHARS) + extra, hint.height())

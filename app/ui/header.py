@@ -7,11 +7,14 @@ model picker, without touching the rest of the row.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
 
 from app.ui.elided import ElidedLabel
 
+STATE_PADDING_PX = 24  # the chip's padding in app.qss, both sides, and its border
 WARM_TIP = "The conversation's KV cache is loaded: the next turn starts at once"
 
 
@@ -42,6 +45,15 @@ class Header(QWidget):
         self._row.addWidget(self.state_label)
         self._row.addWidget(self.warm_label)
         self._row.addWidget(self.title_label, 1)
+
+    def reserve_state_width(self, texts: Iterable[str]) -> None:
+        """Size the state chip for its longest text, so a state change never moves the
+        row or raises the window's minimum width."""
+        self.state_label.ensurePolished()
+        metrics = self.state_label.fontMetrics()
+        widest = max((metrics.horizontalAdvance(text) for text in texts), default=0)
+        self.state_label.setMinimumWidth(widest + STATE_PADDING_PX)
+        self.state_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
 
     def set_model_widget(self, widget: QWidget) -> None:
         """Put `widget` where the model is shown (the label stays, hidden, for its text)."""

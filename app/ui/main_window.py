@@ -54,10 +54,12 @@ from app.ui.draft_files import DraftFiles
 from app.ui.elided import ElidedLabel
 from app.ui.hardware import HardwareWizard
 from app.ui.header import Header
+from app.ui.keyboard import EmptyDraftPassesNavigation, refocus
 from app.ui.menus import build_menus
 from app.ui.message_view import MessageView
 from app.ui.model_picker import ModelSwitcher
 from app.ui.models import ModelsDialog
+from app.ui.panels import Panels, scrolling
 from app.ui.remote_settings import RemoteSettingsDialog
 from app.ui.settings_panel import ConversationSettings
 from app.ui.sidebar import Sidebar
@@ -137,10 +139,12 @@ class MainWindow(QMainWindow):
         self.conversation_settings = ConversationSettings(self.store, self)
         self.settings_dock = QDockWidget("Conversation settings", self)
         self.settings_dock.setObjectName("settings-dock")
-        self.settings_dock.setWidget(self.conversation_settings)
+        self.settings_dock.setWidget(scrolling(self.conversation_settings))
         self.settings_dock.setAccessibleName("Conversation settings")
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.settings_dock)
         self.settings_dock.hide()
+        self.panels = Panels(self.splitter, self.sidebar, self.settings_dock, settings)
+        EmptyDraftPassesNavigation(self.composer.editor)
         self.status = ElidedLabel("", self)
         self.status.setAccessibleName("Last turn statistics")
         self.status.setContentsMargins(12, 0, 0, 0)
@@ -154,6 +158,7 @@ class MainWindow(QMainWindow):
         self.model_switcher = ModelSwitcher(self)  # the header's model picker
         self.header.set_model_widget(self.model_switcher.picker)
         self.apply_theme(self._theme)
+        self.header.reserve_state_width(text for text, _ in STATE_LABELS.values())
         session.engine.add_state_listener(self._engine_state)
         session.engine.add_notice_listener(self._engine_notice)  # e.g. a safe-mode restart
         self._engine_state(session.engine.state, "")
@@ -166,6 +171,7 @@ class MainWindow(QMainWindow):
         self.sidebar.conversation_selected.connect(self.open_conversation)
         self.sidebar.new_requested.connect(self.new_conversation)
         self.sidebar.conversation_deleted.connect(self._deleted)
+        self.sidebar.conversation_renamed.connect(lambda _cid: self._refresh_title())
         self.composer.send_requested.connect(lambda text: self._spawn(self.send_message(text)))
         self.composer.stop_requested.connect(self.stop)
         self.composer.draft_changed.connect(self._draft_changed)
@@ -319,6 +325,7 @@ class MainWindow(QMainWindow):
         conversation_id = self.conversation_id
         files = self.draft_files.take()
         self.composer.set_draft("")
+        self.composer.focus()  # also after a click on Send: the next message is typed here
         self._save_draft("")
         return await self._turn(
             lambda **kw: self.session.send(conversation_id, text, attachments=files, **kw),
@@ -372,6 +379,7 @@ class MainWindow(QMainWindow):
                 self.reload()
             self.sidebar.refresh()
             self.prewarm.after_reply(conversation_id)
+            refocus(self, self.composer.editor)
             self.draft_files.refresh()
         return result
 
@@ -392,6 +400,8 @@ class MainWindow(QMainWindow):
         self.chat.set_messages([self._view(m) for m in path])
         self._streaming_id = reply.id
         self.chat.begin_reply(self._view(reply))
+        self.chat.scroll_to_end()  # the new message in view, also when scrolled up
+        refocus(self, self.composer.editor)
 
     def _token(self, event: TokenEvent) -> None:
         if self._streaming_id is not None:
@@ -497,7 +507,7 @@ class MainWindow(QMainWindow):
         return dialog
 
     def toggle_settings(self) -> None:
-        self.settings_dock.setVisible(not self.settings_dock.isVisible())
+        self.panels.toggle_settings()
 
     # -- import / export --
 
@@ -561,7 +571,7 @@ class MainWindow(QMainWindow):
         splitter = self.settings.value("splitter")
         if isinstance(splitter, QByteArray):
             self.splitter.restoreState(splitter)
-        self.settings_dock.setVisible(self.settings.value("settings_open", "false") == "true")
+        self.panels.restore()
         self.sidebar.refresh()
         last = str(self.settings.value("conversation", "") or "")
         try:
@@ -579,8 +589,6 @@ class MainWindow(QMainWindow):
         self.conversation_settings.flush()  # an edit still waiting out its pause
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("splitter", self.splitter.saveState())
-        self.settings.setValue(
-            "settings_open", "true" if self.settings_dock.isVisible() else "false"
-        )
+        self.panels.save()
         self.settings.sync()
         super().closeEvent(event)

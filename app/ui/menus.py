@@ -14,6 +14,7 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QMenu
 
 from app.ui import theme
+from app.ui.keyboard import GO_TO_END, GO_TO_START
 
 if TYPE_CHECKING:
     from app.ui.main_window import MainWindow
@@ -54,7 +55,7 @@ def build_menus(window: MainWindow) -> None:
     file.addSeparator()
     action(file, "Quit", window.close, QKeySequence.StandardKey.Quit)
     edit = bar.addMenu("&Edit")
-    action(edit, "Find Conversations", window.sidebar.focus_search, QKeySequence.StandardKey.Find)
+    action(edit, "Find Conversations", lambda: _find(window), QKeySequence.StandardKey.Find)
     chat = bar.addMenu("&Chat")
     action(chat, "Stop", window.stop, QKeySequence(Qt.Key.Key_Escape))
     action(chat, "Regenerate Last Reply", window._regenerate_last, QKeySequence("Ctrl+R"))
@@ -66,6 +67,11 @@ def build_menus(window: MainWindow) -> None:
         window.toggle_settings,
         [QKeySequence("Ctrl+,"), *(k for k in preferences if k != QKeySequence("Ctrl+,"))],
     )
+    action(view, "Sidebar", window.panels.toggle_sidebar, QKeySequence("Ctrl+B"), name="sidebar")
+    view.addSeparator()
+    action(view, "Go to Start", window.chat.scroll_to_start, GO_TO_START, name="go-to-start")
+    action(view, "Go to End", window.chat.scroll_to_end, GO_TO_END, name="go-to-end")
+    view.addSeparator()
     settings_menu = bar.addMenu("&Settings")
     action(settings_menu, "Hardware…", window.open_hardware_wizard, name="hardware")
     action(settings_menu, "Remote Server…", window.open_remote_settings, name="remote")
@@ -73,3 +79,9 @@ def build_menus(window: MainWindow) -> None:
     themes = view.addMenu("Theme")
     for name in theme.THEMES:
         action(themes, name.title(), lambda _=False, n=name: window.apply_theme(n))
+
+
+def _find(window: MainWindow) -> None:
+    """Edit > Find: into the sidebar's search, opening a folded sidebar first."""
+    window.panels.set_sidebar_open(True)
+    window.sidebar.focus_search()

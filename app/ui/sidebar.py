@@ -15,6 +15,7 @@ from datetime import date, datetime
 from PySide6.QtCore import (
     QAbstractItemModel,
     QEvent,
+    QItemSelectionModel,
     QModelIndex,
     QObject,
     QPersistentModelIndex,
@@ -37,6 +38,7 @@ from PySide6.QtGui import (
     QMouseEvent,
     QPainter,
     QPalette,
+    QPen,
     QTextDocument,
 )
 from PySide6.QtWidgets import (
@@ -198,6 +200,11 @@ class _RowDelegate(QStyledItemDelegate):
         if state & QStyle.StateFlag.State_Selected:
             color = QColor(option.palette.color(QPalette.ColorRole.Highlight))
             color.setAlpha(85 if state & QStyle.StateFlag.State_HasFocus else 55)
+        elif state & QStyle.StateFlag.State_HasFocus:  # the keyboard's row, not open yet
+            painter.setPen(QPen(option.palette.color(QPalette.ColorRole.Highlight), 1.5))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(QRectF(rect).adjusted(1, 1, -1, -1), 6, 6)
+            return
         elif state & QStyle.StateFlag.State_MouseOver:
             color = QColor(option.palette.color(QPalette.ColorRole.Text))
             color.setAlpha(16)
@@ -267,6 +274,7 @@ class Sidebar(QWidget):
     conversation_selected = Signal(str)
     new_requested = Signal()
     conversation_deleted = Signal(str)
+    conversation_renamed = Signal(str)
 
     def __init__(
         self,
@@ -380,6 +388,7 @@ class Sidebar(QWidget):
         self.search.installEventFilter(self)
         self.list.viewport().installEventFilter(self)
         self.list.itemSelectionChanged.connect(self._selection_changed)
+        self.list.itemActivated.connect(self._activated)
         self.list.currentItemChanged.connect(lambda *_: self._update_actions())
         self.list.customContextMenuRequested.connect(self._show_menu)
         self._delegate.renamed.connect(self._rename)
@@ -508,7 +517,7 @@ class Sidebar(QWidget):
             and event.type() == QEvent.Type.KeyPress
         ):
             if event.key() == Qt.Key.Key_Down and self.list.count():
-                self.list.setFocus(Qt.FocusReason.TabFocusReason)
+                self._focus_first_row()
                 return True
             if event.key() == Qt.Key.Key_Escape and self.search.text():
                 self.search.clear()
@@ -529,6 +538,21 @@ class Sidebar(QWidget):
             if self.list.item(row).flags() & Qt.ItemFlag.ItemIsSelectable:
                 self.list.setCurrentRow(row)
                 return
+
+    def _focus_first_row(self) -> None:
+        """Into the list at its first row, shown as current (a ring), not opened yet."""
+        self.list.setFocus(Qt.FocusReason.TabFocusReason)
+        for row in range(self.list.count()):
+            item = self.list.item(row)
+            if item.flags() & Qt.ItemFlag.ItemIsSelectable:
+                self.list.setCurrentRow(row, QItemSelectionModel.SelectionFlag.NoUpdate)
+                self.list.scrollToItem(item)
+                return
+
+    def _activated(self, item: QListWidgetItem) -> None:
+        """Enter on a row opens it, also when it is only current."""
+        if item.flags() & Qt.ItemFlag.ItemIsSelectable:
+            self.list.setCurrentItem(item)
 
     def _selection_changed(self) -> None:
         selected = self.list.selectedItems()
@@ -590,7 +614,8 @@ class Sidebar(QWidget):
             self.list.editItem(item)
 
     def _rename(self, conversation_id: str, title: str) -> None:
-        self._try(lambda: self._store.rename(conversation_id, title))
+        if self._try(lambda: self._store.rename(conversation_id, title)):
+            self.conversation_renamed.emit(conversation_id)
 
     def _toggle_pin(self) -> None:
         item = self._target()
