@@ -4,6 +4,8 @@ QTextBrowser speaks a small dialect of HTML 4 with inline CSS and no classes, an
 every block with its own default margins. So everything here is styled inline, margins are
 set explicitly, and code blocks are one-cell tables (the only boxes Qt draws with a
 background and padding). Raw HTML in a message is shown as text, never interpreted.
+LaTeX math (`$...$`, `$$...$$`, `\\(...\\)`, `\\[...\\]`, found by mdit-py-plugins, so code
+and prices such as "$5 and $6" are left alone) becomes images from app/ui/formulas.py.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
+from mdit_py_plugins.dollarmath import dollarmath_plugin
+from mdit_py_plugins.texmath import texmath_plugin
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexer import Lexer
 from pygments.lexers import TextLexer, get_lexer_by_name, guess_lexer
 from pygments.util import ClassNotFound
 
-from app.ui import theme
+from app.ui import formulas, theme
+from app.ui.formulas import Formula
 
 MONO_FONTS = "'JetBrains Mono', 'SF Mono', Menlo, Consolas, 'DejaVu Sans Mono', monospace"
 _BLOCK_GAP_PX = 10
@@ -38,6 +43,7 @@ class RenderedMarkdown:
 
     html: str
     code_blocks: tuple[str, ...]
+    formulas: tuple[Formula, ...] = ()  # shown through their `math:` image names
 
 
 @dataclass(frozen=True)
@@ -80,11 +86,19 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
 def render(text: str, *, dark: bool) -> RenderedMarkdown:
     """Render one message's Markdown for a QTextBrowser."""
     colors = _DARK if dark else _LIGHT
-    env: dict = {"colors": colors, "code_blocks": []}
+    ink = theme.CHAT["dark" if dark else "light"]["text"]
+    env: dict = {"colors": colors, "code_blocks": [], "formulas": [], "ink": ink}
     tokens = _MD.parse(text, env)
     _style_blocks(tokens, colors)
     body = _MD.renderer.render(tokens, _MD.options, env).rstrip()  # Qt shows a trailing "\n"
-    return RenderedMarkdown(html=body, code_blocks=tuple(env["code_blocks"]))
+    return RenderedMarkdown(
+        html=body, code_blocks=tuple(env["code_blocks"]), formulas=tuple(env["formulas"])
+    )
+
+
+def formula_name(formula: Formula) -> str:
+    """The image name a formula has in the HTML (its content: re-renders hit the cache)."""
+    return f"math:{hash(formula) & 0xFFFFFFFFFFFF:x}"
 
 
 def render_plain(text: str) -> RenderedMarkdown:
@@ -220,8 +234,39 @@ def _image(self, tokens: list[Token], idx: int, options: dict, env: dict) -> str
     return f'<a href="{html.escape(src)}">{alt}</a>'
 
 
+def _math(display: bool, block: bool):
+    """The render rule of one kind of math token: its image, or its source when it fails."""
+    closing = {"$": "$", "$$": "$$", "\\(": "\\)", "\\[": "\\]"}
+
+    def rule(self, tokens: list[Token], idx: int, options: dict, env: dict) -> str:
+        token = tokens[idx]
+        formula = formulas.typeset(token.content, display, env["ink"])
+        if formula is None:
+            source = html.escape(f"{token.markup}{token.content}{closing[token.markup]}")
+            return f'<p style="margin:0px;">{source}</p>\n' if block else source
+        env["formulas"].append(formula)
+        alt = html.escape(token.content.strip(), quote=True)
+        img = (
+            f'<img src="{formula_name(formula)}" width="{formula.width}" '
+            f'height="{formula.height}" alt="{alt}" style="vertical-align:middle;" />'
+        )
+        if block:
+            top = _BLOCK_GAP_PX if idx else 0
+            return f'<p align="center" style="margin-top:{top}px; margin-bottom:0px;">{img}</p>\n'
+        return img
+
+    return rule
+
+
 def _build() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+    # "$5 and $6" is money: a $ formula neither starts nor ends beside a space or a digit
+    md.use(dollarmath_plugin, allow_space=False, allow_digits=False, double_inline=True)
+    md.use(texmath_plugin, delimiters="brackets")
+    for kind in ("math_inline", "math_inline_double"):
+        md.add_render_rule(kind, _math(kind == "math_inline_double", block=False))
+    for kind in ("math_block", "math_block_label", "math_block_eqno"):
+        md.add_render_rule(kind, _math(True, block=True))
     md.validateLink = _validate_link
     md.add_render_rule("fence", _fence)
     md.add_render_rule("code_block", _fence)

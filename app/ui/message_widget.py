@@ -11,7 +11,7 @@ import math
 from dataclasses import replace
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QKeyEvent, QTextCursor, QWheelEvent
+from PySide6.QtGui import QDesktopServices, QImage, QKeyEvent, QTextCursor, QWheelEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.ui import markdown
+from app.ui import formulas, markdown
 from app.ui.attachments import AttachmentChips
 from app.ui.message_view import MessageView
 
@@ -96,6 +96,7 @@ class _MessageText(QTextBrowser):
         self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
         self.anchorClicked.connect(self._anchor_clicked)
         self.code_blocks: tuple[str, ...] = ()
+        self._formulas: dict[str, QImage] = {}  # math:… image name -> the drawn formula
         self._natural_width = 0
         self._fit_max = 0
 
@@ -112,6 +113,10 @@ class _MessageText(QTextBrowser):
 
     def _show(self, rendered: markdown.RenderedMarkdown) -> None:
         self.code_blocks = rendered.code_blocks
+        scale = self.devicePixelRatioF()
+        self._formulas = {
+            markdown.formula_name(f): formulas.image(f, scale) for f in rendered.formulas
+        }
         self.setHtml(rendered.html)
         if self._fit_max:
             probe = self.document().clone(self)
@@ -125,6 +130,10 @@ class _MessageText(QTextBrowser):
 
     def minimumSizeHint(self) -> QSize:
         return QSize(48, self.height())
+
+    def loadResource(self, kind: int, url: QUrl) -> object:
+        """Formulas come from this message's own images; nothing else is ever loaded."""
+        return self._formulas.get(url.toString())
 
     def _anchor_clicked(self, url: QUrl) -> None:
         """copy:N copies a code block; only web links leave the app, nothing else opens."""
