@@ -76,10 +76,6 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def is_attachable(path: Path) -> bool:
-    return path.suffix.lower() in SUFFIXES
-
-
 def read_attachment(path: Path) -> Attachment:
     """The file at `path` as an attachment (blocking: run it off the UI thread)."""
     name = path.name

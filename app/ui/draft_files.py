@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 
-from app.conversations.attachments import is_attachable
 from app.ui.attachments import AttachmentBar
 
 if TYPE_CHECKING:
@@ -25,12 +24,12 @@ MODEL_SUFFIX = ".gguf"
 
 
 def dropped_paths(event: QDropEvent | QDragEnterEvent) -> list[Path]:
-    """The local files of a drag that Stoke can take (attachments or models)."""
+    """The local files of a drag: all are taken, so a file Stoke cannot attach is refused in
+    words rather than by a drop that silently does nothing."""
     mime = event.mimeData()
     if not mime.hasUrls():
         return []
-    paths = [Path(url.toLocalFile()) for url in mime.urls() if url.isLocalFile()]
-    return [p for p in paths if p.suffix.lower() == MODEL_SUFFIX or is_attachable(p)]
+    return [Path(url.toLocalFile()) for url in mime.urls() if url.isLocalFile()]
 
 
 class DraftFiles(QObject):

@@ -146,6 +146,11 @@ def test_files_dropped_on_the_composer_attach_and_a_gguf_goes_to_the_library(
     assert drop(window.composer.editor.viewport(), [notes])
     assert attached(harness, window, 1)[0]["text"] == "buy rope\nfix the lamp\n"
     assert window.composer.text() == ""  # the path was not pasted as text
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(b"\xff\xd8\xff")
+    assert drop(window, [photo])
+    harness.wait_until(lambda: window.banner.isVisible())
+    assert "photo.jpg is not a file Stoke can attach" in window.banner.text.text()
 
     model = write_gguf(tmp_path / "tiny-model.gguf")[0]
     assert drop(window, [model])
