@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from app import paths
+from app import paths, qt_check
 from app.cli import bench, chat, dev, doctor, models, plan, serve
 from app.conversations import StoreError
 from app.engine.protocol import EngineError
@@ -46,7 +46,24 @@ def _gui(args: argparse.Namespace) -> int:
             "stoke: no display found; starting the terminal chat (`stoke chat`).", file=sys.stderr
         )
         return chat.run(build_parser().parse_args(["chat", *sys.argv[1:]]))
+    problem = qt_check.window_problem()  # before Qt, whose plugin failure aborts the process
+    if problem is not None:
+        print(f"stoke: {problem}", file=sys.stderr)
+        if not _yes("Start the terminal chat now? [Y/n] "):
+            return 1
+        return chat.run(build_parser().parse_args(["chat", *sys.argv[1:]]))
     return run_gui(options, conversation=args.conversation)
+
+
+def _yes(question: str) -> bool:
+    """Asked only of a person at a terminal; a script gets no as the answer."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return False
+    print(question, end="", file=sys.stderr, flush=True)
+    try:
+        return input().strip().lower() in ("", "y", "yes")
+    except EOFError:
+        return False
 
 
 def _writes(args: argparse.Namespace) -> bool:
