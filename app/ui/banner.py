@@ -1,4 +1,10 @@
-"""A dismissible message strip above the chat: errors in words, with the actions that fix them."""
+"""A dismissible message strip above the chat: errors in words, with the actions that fix them.
+
+A message belongs to its cause: shown with a `cause` (what raised it) and, where it is about
+one conversation, that `conversation`, so the window can take it down once the cause is
+resolved (`clear`) or when another conversation opens (`leave_conversation`) instead of
+leaving it up to mislead. Kinds: error, info, success.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +38,9 @@ class Banner(QFrame):
         self._close = close
         self._layout.addWidget(close)
         self._dark = False
+        self.kind = "error"
+        self.cause = ""  # what raised the message on show ("" for none in particular)
+        self.conversation: str | None = None  # the conversation it is about, if one
         self.hide()
 
     def set_dark(self, dark: bool) -> None:
@@ -43,7 +52,11 @@ class Banner(QFrame):
         actions: list[tuple[str, Callable[[], object]]] | None = None,
         *,
         kind: str = "error",
+        cause: str = "",
+        conversation: str | None = None,
     ) -> None:
+        self.cause, self.conversation = cause, conversation
+        self.kind = kind
         for button in self._actions:
             button.deleteLater()
         self._actions = []
@@ -57,6 +70,16 @@ class Banner(QFrame):
             self._layout.insertWidget(self._layout.count() - 1, button)
             self._actions.append(button)
         self.show()
+
+    def clear(self, *causes: str) -> None:
+        """Take the message down if one of `causes` raised it (it is resolved now)."""
+        if not self.isHidden() and self.cause in causes:
+            self.hide()
+
+    def leave_conversation(self, conversation_id: str | None) -> None:
+        """Another conversation is on screen: a message about a different one goes."""
+        if self.conversation is not None and self.conversation != conversation_id:
+            self.hide()
 
     def action_labels(self) -> list[str]:
         return [button.text() for button in self._actions]

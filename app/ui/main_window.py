@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -45,7 +46,7 @@ from app.models.names import model_name
 from app.server.control import LocalServer
 from app.session import ChatSession, MessageTooLongError, TurnResult
 from app.settings import Settings
-from app.ui import conversation_files, overflow, theme
+from app.ui import banner_words, conversation_files, overflow, theme
 from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
@@ -201,6 +202,7 @@ class MainWindow(QMainWindow):
             self._save_draft(self.composer.text())
             self.prewarm.switch_away(self.conversation_id)
         self.conversation_id = conversation_id
+        self.banner.leave_conversation(conversation_id)  # its banners stay with it
         self.settings.setValue("conversation", conversation_id)
         self.sidebar.select(conversation_id)
         self.conversation_settings.load(conversation_id)
@@ -346,18 +348,19 @@ class MainWindow(QMainWindow):
         if drop_oldest:
             kwargs["drop_oldest"] = True
         result = None
+        say = functools.partial(self.banner.show_message, conversation=conversation_id)
         try:
             result = await start(*args, **kwargs)
             self.status.setText(stats_line(result.stats.as_dict() if result.stats else None))
             if result.dropped_turns:
-                self.banner.show_message(
+                say(
                     f"Left out the {result.dropped_turns} oldest messages to fit the context.",
                     kind="info",
                 )
         except MessageTooLongError as exc:
-            self.banner.show_message(str(exc), overflow.too_long_actions(self, exc))
+            say(str(exc), overflow.too_long_actions(self, exc))
         except ContextOverflowError as exc:
-            self.banner.show_message(
+            say(
                 str(exc),
                 [
                     ("Drop oldest turns", lambda: self._spawn(self._retry_dropping())),
@@ -365,13 +368,14 @@ class MainWindow(QMainWindow):
                 ],
             )
         except EngineCrashedError as exc:
-            self.banner.show_message(
-                f"{exc} Your reply was kept and marked interrupted; you can continue it."
+            say(
+                f"{exc} Your reply was kept and marked interrupted; you can continue it.",
+                cause="crash-turn",
             )
         except (EngineError, StoreError) as exc:
-            self.banner.show_message(str(exc))
+            say(str(exc))
         except OSError as exc:
-            self.banner.show_message(f"Stoke could not write to disk: {exc.strerror}.")
+            say(f"Stoke could not write to disk: {exc.strerror}.")
         finally:
             self._streaming_id = None
             self.composer.set_generating(False)
@@ -434,7 +438,9 @@ class MainWindow(QMainWindow):
                 f"{detail}\nChoose another model in Settings, or start Stoke with --model PATH."
             )
         elif state == EngineState.CRASHED and detail and detail not in self.session.engine.notices:
-            self.banner.show_message(detail)
+            self.banner.show_message(detail, cause="restart")
+        elif state == EngineState.READY:
+            banner_words.restarted(self.banner)  # "Restarting it." is done now
 
     def _engine_notice(self, text: str) -> None:
         """A setting the engine host changed itself, in one line: worth reading, no error."""
@@ -547,18 +553,20 @@ class MainWindow(QMainWindow):
             conversation = import_json(self.store, data)
             self.sidebar.refresh()
             self.open_conversation(conversation.id)
+            title = conversation.title or "the conversation"
+            self.banner.show_message(f"Imported {title} from {path.name}.", kind="success")
 
-        self._guard(read)
+        self._guard(read, cause="import")
 
-    def _guard(self, work: Callable[[], object]) -> bool:
+    def _guard(self, work: Callable[[], object], cause: str = "") -> bool:
         """Run a storage action; a failure becomes a sentence in the banner."""
         try:
             work()
         except StoreError as exc:
-            self.banner.show_message(str(exc))
+            self.banner.show_message(str(exc), cause=cause)
             return False
         except OSError as exc:
-            self.banner.show_message(f"Stoke could not use the disk: {exc.strerror}.")
+            self.banner.show_message(f"Stoke could not use the disk: {exc.strerror}.", cause=cause)
             return False
         return True
 

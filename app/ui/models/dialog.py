@@ -216,8 +216,10 @@ class ModelsDialog(LibraryTab, DownloadsTab, CatalogTab, QDialog):
 
     def done(self, result: int) -> None:
         """Closing stops only a manager the dialog made itself (its transfers resume on the
-        next open, from the bytes on disk); the app's manager goes on."""
+        next open, from the bytes on disk); the app's manager goes on. Its message goes too:
+        the next open starts clean, not with news from last time."""
         self._detach()
+        self.banner.hide()
         if self._owns_downloads and not self._stopped:
             self._stopped = True
             threading.Thread(

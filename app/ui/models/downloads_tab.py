@@ -233,7 +233,7 @@ class DownloadsTab:
             self.banner.show_message(
                 f"{title} is downloaded and verified: it is in your Library.",
                 [("Show in Library", lambda: self._show_download(progress))],
-                kind="info",
+                kind="success",
             )
             self.refresh()
         self._update_downloads_view()

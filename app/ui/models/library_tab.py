@@ -537,7 +537,7 @@ class LibraryTab:
 
         def imported(model: ModelEntry) -> None:
             self._select_after = str(model.path)
-            self.banner.show_message(f"Imported {model.name} into the library.", kind="info")
+            self.banner.show_message(f"Imported {model.name} into the library.", kind="success")
             self.tabs.setCurrentWidget(self.library_tab)
             self.refresh()
 
@@ -603,7 +603,7 @@ class LibraryTab:
         ref = str(model.path)
 
         def deleted(gone: ModelEntry) -> None:
-            self.banner.show_message(f"Deleted {gone.name}.", kind="info")
+            self.banner.show_message(f"Deleted {gone.name}.", kind="success")
             self.refresh()
 
         self._library_task(f"Deleting {model.name}…", lambda: self.library.delete(ref), deleted)
