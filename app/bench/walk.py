@@ -46,7 +46,7 @@ RELEASE_NOTES = "# Stoke 0.4\n\n" + "".join(
 )
 LONG_DRAFT = " ".join(
     f"Paragraph {i}: a long pasted log line with numbers {i * 7} and {i * 13}, repeated."
-    for i in range(170)
+    for i in range(138)
 )
 
 
