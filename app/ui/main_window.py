@@ -47,6 +47,7 @@ from app.server.control import LocalServer
 from app.session import ChatSession, MessageTooLongError, TurnResult
 from app.settings import Settings
 from app.ui import banner_words, conversation_files, overflow, theme
+from app.ui.about import AboutDialog
 from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
@@ -60,10 +61,12 @@ from app.ui.menus import build_menus
 from app.ui.message_view import MessageView
 from app.ui.model_picker import ModelSwitcher
 from app.ui.models import ModelsDialog
+from app.ui.notify import ReplyNotifier
 from app.ui.panels import Panels, scrolling
 from app.ui.remote_settings import RemoteSettingsDialog
 from app.ui.settings_panel import ConversationSettings
 from app.ui.sidebar import Sidebar
+from app.ui.zoom import Zoom
 
 log = logging.getLogger("stoke.ui")
 
@@ -146,6 +149,9 @@ class MainWindow(QMainWindow):
         self.settings_dock.hide()
         self.panels = Panels(self.splitter, self.sidebar, self.settings_dock, settings)
         EmptyDraftPassesNavigation(self.composer.editor)
+        canvas = self.chat.findChild(QWidget, "chatCanvas")
+        self.zoom = Zoom(settings, [canvas, self.composer.editor])  # View > Zoom In / Out
+        self.notifier = ReplyNotifier(self)  # a reply done while the window is behind others
         self.status = ElidedLabel("", self)
         self.status.setAccessibleName("Last turn statistics")
         self.status.setContentsMargins(12, 0, 0, 0)
@@ -352,6 +358,8 @@ class MainWindow(QMainWindow):
         try:
             result = await start(*args, **kwargs)
             self.status.setText(stats_line(result.stats.as_dict() if result.stats else None))
+            title = self.store.get_conversation(conversation_id).title or "Stoke"
+            self.notifier.reply_finished(title, result.text)
             if result.dropped_turns:
                 say(
                     f"Left out the {result.dropped_turns} oldest messages to fit the context.",
@@ -502,6 +510,13 @@ class MainWindow(QMainWindow):
         dialog = RemoteSettingsDialog(self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self.model_switcher.reload("Remote server saved", None))
+        dialog.open()
+        return dialog
+
+    def open_about(self) -> AboutDialog:
+        """Help > About: versions, folders, and the diagnostics to copy."""
+        dialog = AboutDialog(self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog
 

@@ -72,6 +72,11 @@ def build_menus(window: MainWindow) -> None:
     action(view, "Go to Start", window.chat.scroll_to_start, GO_TO_START, name="go-to-start")
     action(view, "Go to End", window.chat.scroll_to_end, GO_TO_END, name="go-to-end")
     view.addSeparator()
+    zoom = window.zoom
+    action(view, "Zoom In", zoom.zoom_in, [QKeySequence.StandardKey.ZoomIn, QKeySequence("Ctrl+=")])
+    action(view, "Zoom Out", zoom.zoom_out, QKeySequence.StandardKey.ZoomOut)
+    action(view, "Actual Size", zoom.reset, QKeySequence("Ctrl+0"))
+    view.addSeparator()
     settings_menu = bar.addMenu("&Settings")
     action(settings_menu, "Hardware…", window.open_hardware_wizard, name="hardware")
     action(settings_menu, "Remote Server…", window.open_remote_settings, name="remote")
@@ -79,6 +84,8 @@ def build_menus(window: MainWindow) -> None:
     themes = view.addMenu("Theme")
     for name in theme.THEMES:
         action(themes, name.title(), lambda _=False, n=name: window.apply_theme(n))
+    help_menu = bar.addMenu("&Help")
+    action(help_menu, "About Stoke", window.open_about, name="about")
 
 
 def _find(window: MainWindow) -> None:
