@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API over the app's engine host (aiohttp, on the app's loop).
 
 Routes: GET /v1/models (and /v1/models/{id}), POST /v1/chat/completions, POST
-/v1/completions (each streaming as server-sent events or not), each also without the /v1
+/v1/completions, POST /v1/messages (Anthropic's, anthropic.py), POST /v1/responses
+(responses.py) (each streaming as server-sent events or not), each also without the /v1
 prefix as llama-server serves them, and GET /health (no key; the engine's status only). The
 server shares the EngineClient the window uses, so it runs on the same asyncio loop and the
 engine process serialises its work with the GUI's.
@@ -77,6 +78,7 @@ from app.server.replay import (
     split_reasoning,
 )
 from app.server.replies import Reply, finish_reason, usage
+from app.server.responses import ResponsesApi
 from app.server.schema import (
     ApiError,
     ChatRequest,
@@ -156,6 +158,7 @@ class ApiServer:
         self.config = config
         self.replies = ReplyStore()
         self.prompts = ChatPrompts(self.replies)
+        self.responses = ResponsesApi(self)  # keeps the conversations it can continue
         # Slot names key the KV snapshots: a restarted server must not reuse the names of
         # the conversations an earlier one snapshotted, or its first snapshot replaces theirs.
         self.slots = SlotMap(prefix=f"api-{uuid.uuid4().hex[:8]}")
@@ -197,6 +200,7 @@ class ApiServer:
             app.router.add_post(f"{prefix}/completions", self._completions)
             app.router.add_get(f"{prefix}/health", self._health)
         AnthropicApi(self).add_routes(app)
+        self.responses.add_routes(app)
         runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
         self._runner = runner
