@@ -28,8 +28,10 @@ from app.hardware.planner import DeviceBudget, Plan, plan
 from app.hardware.synthetic_gguf import write_deepseek4
 from app.models import load_settings
 from app.models.default import default_model_path
+from app.models.names import model_name
 from app.ui import theme
 from app.ui.hardware import CONTEXT_STOPS, PLAN_DEBOUNCE_MS, HardwareWizard
+from app.units import decimal_bytes
 
 READ_TIMEOUT_MS = 120_000  # the first read of the 150 GB replica's header takes seconds
 PLAN_TIMEOUT_MS = 20_000
@@ -123,7 +125,7 @@ def test_the_device_table_lists_every_gpu_and_the_cpu(
     assert wizard.facts["architecture"].text() == "deepseek4"
     assert wizard.facts["layers"].text() == "43"
     assert wizard.facts["quantization"].text() == "MXFP4_MOE"
-    assert wizard.facts["size"].text().endswith(" GiB")
+    assert wizard.facts["size"].text().endswith(" GB")
     assert wizard.context_slider.maximum() == len(CONTEXT_STOPS) - 1  # trained for 1M
 
 
@@ -241,9 +243,22 @@ def test_the_default_model_without_gpus_plans_everything_on_the_cpu(
     assert wizard.summary_label.text().startswith("Everything runs on the CPU")
     assert not wizard.kv_ram_check.isEnabled()
     assert wizard.facts["architecture"].text() == "llama"
-    assert wizard.facts["size"].text().endswith("MiB")
+    assert wizard.facts["size"].text() == decimal_bytes(
+        inspect_gguf(default_model_path()).total_bytes
+    )
+    assert wizard.facts["size"].text().endswith(" MB")
     assert CONTEXT_STOPS[0] <= wizard.context() <= 8192 == wizard._stops[-1]
     assert wizard.apply_button.isEnabled()
+
+
+def test_the_model_card_uses_the_display_name_and_decimal_file_units(
+    open_wizard: Callable[..., HardwareWizard],
+) -> None:
+    """The card says the one name the header and library say, not the GGUF's general.name."""
+    wizard = open_wizard(default_model_path(), machine(0, 0, 64))
+    general = inspect_gguf(default_model_path()).metadata["general.name"]
+    assert wizard.model_name.text() == model_name(default_model_path()) != general
+    assert "MiB" not in wizard.facts["size"].text()
 
 
 def test_the_engine_is_offered_per_model_and_saved_with_the_plan(

@@ -30,6 +30,7 @@ from app.engine.mlx.registry import GGUF_BUILDERS
 from app.hardware.detect import Hardware, detect
 from app.hardware.planner import DeviceBudget, Plan, load_options
 from app.models import load_settings
+from app.models.names import model_name
 from app.ui import theme
 from app.ui.a11y import described
 from app.ui.background import Background
@@ -51,13 +52,13 @@ from app.ui.hardware.words import (
     ENGINE_TEXT,
     choice_text,
     details,
-    file_size,
     gib,
     html_text,
     short_tokens,
     summary,
 )
 from app.ui.theme import STATUS
+from app.units import decimal_bytes
 
 PLAN_DEBOUNCE_MS = 150
 
@@ -241,7 +242,7 @@ class HardwareWizard(WizardCards, QDialog):
         self._debounce.stop()
         self._generation["plan"] += 1  # a plan of the previous model, still running, is moot
         self._running.discard("plan")
-        self.model_name.setText(Path(path).name)
+        self.model_name.setText(model_name(path))
         self.model_path_label.set_path(str(Path(path).expanduser().parent))
         self.model_error.hide()
         for value in self.facts.values():
@@ -251,7 +252,7 @@ class HardwareWizard(WizardCards, QDialog):
 
     def _show_model(self, info: GGUFInfo, saved: dict[str, Any] | None) -> None:
         self.info = info
-        self.model_name.setText(info.name or info.path.name)
+        self.model_name.setText(model_name(info.path))
         quant = info.file_type or max(
             {t.ggml_type for t in info.tensors},
             key=lambda q: sum(t.n_bytes for t in info.tensors if t.ggml_type == q),
@@ -264,7 +265,7 @@ class HardwareWizard(WizardCards, QDialog):
                 experts += f", {info.expert_used_count} per token"
         values = {
             "architecture": info.architecture,
-            "size": file_size(info.total_bytes),
+            "size": decimal_bytes(info.total_bytes),
             "quantization": quant,
             "layers": str(info.block_count or "—"),
             "experts": experts,

@@ -42,10 +42,6 @@ def gib_pair(used: int, budget: int) -> str:
     return f"{gib(used, digits, unit=False)} / {gib(budget, digits)}"
 
 
-def file_size(n: int) -> str:
-    return gib(n) if n >= GIB else f"{n / (1 << 20):,.0f} MiB"
-
-
 def short_tokens(n: int) -> str:
     """4096 -> "4K", 1048576 -> "1M"."""
     if n >= 1 << 20 and n % (1 << 20) == 0:
