@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from app.bench import agent
 from app.bench.kv import machine, median
 
 if TYPE_CHECKING:
@@ -251,9 +252,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 for server in (s for s in order if s not in failures):
                     print(f"rep {rep + 1}: {server}, {n} conversation(s)", file=sys.stderr)
                     try:
-                        runs[server][n].append(
-                            replay(urls[server], documents, args.turns, args.max_tokens)
-                        )
+                        if args.agent:  # one tool loop; its task is new to both servers
+                            task = f"[{rep}] Fix the failing test in m{rep}."
+                            run = agent.replay(urls[server], API_KEY, task, args.turns, 64)
+                        else:
+                            run = replay(urls[server], documents, args.turns, args.max_tokens)
+                        runs[server][n].append(run)
                     except openai.OpenAIError as exc:
                         log = home / LOGS[server]
                         tail = log.read_text("utf-8", "replace")[-1500:] if log.exists() else ""
@@ -264,7 +268,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         for server, by_n in runs.items()
     }
     return {
-        "benchmark": "serve",
+        "benchmark": "serve-agent" if args.agent else "serve",
         "model": Path(model).name,
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
@@ -344,10 +348,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--conversations", type=int, nargs="+", default=[1, 2, 4], help="scenarios to run"
     )
     parser.add_argument("--no-anchor", action="store_true", help="skip llama_cpp.server")
+    parser.add_argument(
+        "--agent",
+        action="store_true",
+        help="an agent's tool loop instead (app/bench/agent.py): --turns rounds, 1 conversation",
+    )
     parser.set_defaults(run=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.agent:
+        args.conversations = [1]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop both servers on the way out
     report = run_bench(args)
     print(render(report))

@@ -1,0 +1,118 @@
+"""`stoke bench serve --agent`: an agent's tool loop replayed statelessly, as coding agents
+send it: a system prompt of about 1,500 tokens and three tool schemas, then rounds of
+assistant tool call -> tool result, the whole history every request, each call sent back
+re-serialized (other spacing, a rewritten id) the way agent frameworks do.
+
+Time to first token is the request sent to the first streamed delta that carries content or
+a tool call. Stoke streams a call whole once it is complete (tool_replies.py), so for it this
+is the time to the finished call: the comparison is pessimistic for Stoke.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from typing import Any
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {arg: {"type": "string"}},
+                "required": [arg],
+            },
+        },
+    }
+    for name, description, arg in (
+        ("read_file", "Read a file of the repository.", "path"),
+        ("search", "Search the repository for text.", "query"),
+        ("run_tests", "Run the tests of one module.", "target"),
+    )
+]
+
+
+def system_prompt(lines: int = 75) -> str:
+    """About 1,500 tokens of standing instructions (20 a line on the default model)."""
+    rules = [
+        f"Rule {i}: before changing module m{i}, read m{i}.py and its tests, keep the change "
+        f"small, and run the tests of m{i} before you say it is done."
+        for i in range(lines)
+    ]
+    return "You are a careful coding agent. Use the tools.\n" + "\n".join(rules)
+
+
+def _turn(client: Any, model: str, messages: list, choice: str, max_tokens: int):
+    """One streamed request: (assistant message, ttft, prompt tokens, cached tokens)."""
+    started = time.perf_counter()
+    first = None
+    content, calls, usage = "", {}, None
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=TOOLS,
+        tool_choice=choice,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        usage = chunk.usage or usage
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        if delta.content or delta.tool_calls:
+            first = first or time.perf_counter()
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
+            entry["name"] += (call.function.name or "") if call.function else ""
+            entry["arguments"] += (call.function.arguments or "") if call.function else ""
+    ttft = (first or time.perf_counter()) - started
+    details = getattr(usage, "prompt_tokens_details", None) if usage else None
+    cached = getattr(details, "cached_tokens", None) if details else None
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": f"agent_{i}", "type": "function", "function": dict(call)}
+            for i, call in sorted(calls.items())
+        ]
+    return message, ttft, usage.prompt_tokens if usage else None, cached
+
+
+def replay(url: str, key: str, task: str, rounds: int, max_tokens: int) -> dict[str, list]:
+    """One tool loop: TTFT per round (lists of one, as serve.summarise reads them) and the
+    cached share of each follow-up's prompt."""
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=600)
+    model = client.models.list().data[0].id
+    messages: list = [
+        {"role": "system", "content": system_prompt()},
+        {"role": "user", "content": task},
+    ]
+    ttfts: list[list[float]] = []
+    ratios: list[float] = []
+    for turn in range(rounds):
+        choice = "required" if turn < rounds - 1 else "auto"
+        message, ttft, prompt, cached = _turn(client, model, messages, choice, max_tokens)
+        ttfts.append([ttft])
+        if turn and prompt and cached is not None:
+            ratios.append(cached / prompt)
+        for i, call in enumerate(message.get("tool_calls", [])):  # as frameworks resend them
+            call["id"] = f"call_{turn}_{i}"
+            args = call["function"]["arguments"]
+            with contextlib.suppress(json.JSONDecodeError):
+                call["function"]["arguments"] = json.dumps(json.loads(args), indent=1)
+        messages.append(message)
+        for call in message.get("tool_calls", []):
+            result = f"{call['function']['name']} done (round {turn}): 3 matches, tests pass."
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        if not message.get("tool_calls"):
+            messages.append({"role": "user", "content": "Continue with the next step."})
+    return {"ttfts": ttfts, "ratios": ratios}
