@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSizePolicy, QWidget
 
 from app.ui.elided import ElidedLabel
 
@@ -30,9 +30,17 @@ class Header(QWidget):
         self.model_label.setObjectName("model-name")
         self.model_label.setAccessibleName("Current model")
         self.model_slot: QWidget = self.model_label
-        self.state_label = QLabel("", self)  # a few words at most: never elided
+        # The chip is as wide as its text; its slot is as wide as the longest state, so a
+        # state change neither moves the row nor stretches the pill.
+        self._state_slot = QWidget(self)
+        slot_row = QHBoxLayout(self._state_slot)
+        slot_row.setContentsMargins(0, 0, 0, 0)
+        self.state_label = QLabel("", self._state_slot)  # a few words at most: never elided
         self.state_label.setObjectName("engine-state")
         self.state_label.setAccessibleName("Engine state")
+        self.state_label.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
+        slot_row.addWidget(self.state_label)
+        slot_row.addStretch(1)
         self.warm_label = ElidedLabel("", self)
         self.warm_label.setObjectName("warm-indicator")
         self.warm_label.setAccessibleName("Conversation cache state")
@@ -42,17 +50,18 @@ class Header(QWidget):
         self.title_label.setAccessibleName("Conversation title")
         self.title_label.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self._row.addWidget(self.model_slot)
-        self._row.addWidget(self.state_label)
+        self._row.addWidget(self._state_slot)
         self._row.addWidget(self.warm_label)
         self._row.addWidget(self.title_label, 1)
 
     def reserve_state_width(self, texts: Iterable[str]) -> None:
-        """Size the state chip for its longest text, so a state change never moves the
-        row or raises the window's minimum width."""
+        """Size the chip's slot for its longest text, so a state change never moves the
+        row or raises the window's minimum width; the chip itself stays as wide as its text."""
         self.state_label.ensurePolished()
         metrics = self.state_label.fontMetrics()
         widest = max((metrics.horizontalAdvance(text) for text in texts), default=0)
-        self.state_label.setMinimumWidth(widest + STATE_PADDING_PX)
+        self._state_slot.setMinimumWidth(widest + STATE_PADDING_PX)
+        self._state_slot.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Preferred)
         self.state_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
 
     def set_model_widget(self, widget: QWidget) -> None:
