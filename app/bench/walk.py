@@ -130,6 +130,8 @@ class Walk:
                 for width, height in sizes:
                     self.window.showNormal()
                     self.window.resize(width, height)
+                    if (width, height) == SIZES[-1]:  # the whole screen: as a user maximizes
+                        self.window.showMaximized()
                     await self.scenes(f"{theme}-{width}x{height}")
         finally:
             self.window.close()
