@@ -23,7 +23,7 @@ from app.engine.protocol import (
 from app.engine.remote import MODES
 from app.launch import load_options_of
 from app.models.names import model_name
-from app.session import ChatSession, ReplyNotSavedError, TurnResult
+from app.session import ChatSession, MessageTooLongError, ReplyNotSavedError, TurnResult
 
 HELP = """Commands:
   /new              start a new conversation
@@ -224,6 +224,8 @@ async def _repl(
                     )
                 _print_stats(result)
                 prewarm.after_reply(conversation.id)
+        except MessageTooLongError as exc:  # /drop cannot help a message too long alone
+            print(f"\n{exc}")
         except ContextOverflowError as exc:
             print(f"\n{exc}\nType /drop to leave out the oldest turns, or /new to start anew.")
         except EngineCrashedError as exc:

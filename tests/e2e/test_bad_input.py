@@ -101,9 +101,10 @@ def test_corrupt_database_is_moved_aside_not_overwritten():
 def test_context_overflow_offers_drop_or_new(tmp_path: Path):
     long_message = "Tell me about the sea. " * 60  # about 360 tokens
     code, error = one_shot("--ctx", "256", "--new", "--message", long_message)
-    assert code == 1 and error["kind"] == "ContextOverflowError"
+    # The message alone does not fit: leaving older turns out cannot help, so it is not offered.
+    assert code == 1 and error["kind"] == "MessageTooLongError"
     assert error["n_ctx"] == 256 and error["prompt_tokens"] > 256
-    assert "Drop the oldest turns or start a new conversation" in error["error"]
+    assert "Your message alone is" in error["error"] and "Drop" not in error["error"]
     with ConversationStore.open() as store:
         (conversation,) = store.list_conversations()
         (kept,) = store.current_path(conversation.id)
