@@ -47,7 +47,8 @@ def system_prompt(lines: int = 75) -> str:
 
 
 def _turn(client: Any, model: str, messages: list, choice: str, max_tokens: int):
-    """One streamed request: (assistant message, ttft, prompt tokens, cached tokens)."""
+    """One streamed request: (assistant message, (ttft, whole reply), prompt tokens, cached
+    tokens)."""
     started = time.perf_counter()
     first = None
     content, calls, usage = "", {}, None
@@ -73,7 +74,8 @@ def _turn(client: Any, model: str, messages: list, choice: str, max_tokens: int)
             entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
             entry["name"] += (call.function.name or "") if call.function else ""
             entry["arguments"] += (call.function.arguments or "") if call.function else ""
-    ttft = (first or time.perf_counter()) - started
+    done = time.perf_counter()
+    ttft = (first or done) - started
     details = getattr(usage, "prompt_tokens_details", None) if usage else None
     cached = getattr(details, "cached_tokens", None) if details else None
     message: dict[str, Any] = {"role": "assistant", "content": content or None}
@@ -82,12 +84,12 @@ def _turn(client: Any, model: str, messages: list, choice: str, max_tokens: int)
             {"id": f"agent_{i}", "type": "function", "function": dict(call)}
             for i, call in sorted(calls.items())
         ]
-    return message, ttft, usage.prompt_tokens if usage else None, cached
+    return message, (ttft, done - started), usage.prompt_tokens if usage else None, cached
 
 
 def replay(url: str, key: str, task: str, rounds: int, max_tokens: int) -> dict[str, list]:
-    """One tool loop: TTFT per round (lists of one, as serve.summarise reads them) and the
-    cached share of each follow-up's prompt."""
+    """One tool loop: TTFT per round (lists of one, as serve.summarise reads them), each
+    round's whole reply time, and the cached share of each follow-up's prompt."""
     import openai
 
     client = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=600)
@@ -97,11 +99,13 @@ def replay(url: str, key: str, task: str, rounds: int, max_tokens: int) -> dict[
         {"role": "user", "content": task},
     ]
     ttfts: list[list[float]] = []
+    totals: list[float] = []
     ratios: list[float] = []
     for turn in range(rounds):
         choice = "required" if turn < rounds - 1 else "auto"
-        message, ttft, prompt, cached = _turn(client, model, messages, choice, max_tokens)
+        message, (ttft, total), prompt, cached = _turn(client, model, messages, choice, max_tokens)
         ttfts.append([ttft])
+        totals.append(total)
         if turn and prompt and cached is not None:
             ratios.append(cached / prompt)
         for i, call in enumerate(message.get("tool_calls", [])):  # as frameworks resend them
@@ -115,4 +119,4 @@ def replay(url: str, key: str, task: str, rounds: int, max_tokens: int) -> dict[
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
         if not message.get("tool_calls"):
             messages.append({"role": "user", "content": "Continue with the next step."})
-    return {"ttfts": ttfts, "ratios": ratios}
+    return {"ttfts": ttfts, "ratios": ratios, "totals": totals}

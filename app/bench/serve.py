@@ -220,7 +220,15 @@ def summarise(runs: list[dict[str, list]], n: int) -> dict[str, Any]:
         "ttft_all_s": [[round(t, 4) for t in turn] for turn in by_turn],
         "follow_up_ttft_s": round(median([t for turn in by_turn[1:] for t in turn]), 4),
         "min_cached_ratio": round(min(ratios), 4) if ratios else None,
+        **_totals(runs),
     }
+
+
+def _totals(runs: list[dict[str, list]]) -> dict[str, float]:
+    """The agent scenario's median whole-reply time of the follow-ups (a call streams whole
+    from Stoke, so its TTFT is its reply's end)."""
+    follow_ups = [t for run in runs for t in run.get("totals", [])[1:]]
+    return {"follow_up_reply_s": round(median(follow_ups), 4)} if follow_ups else {}
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:

@@ -135,6 +135,16 @@ def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
             "The last message is the assistant's; end with a user (or system) message "
             "for the model to answer.",
         )
+    for i, message in enumerate(messages):
+        before = messages[i - 1] if i else None
+        if message.role == "tool" and not (
+            before is not None and (before.role == "tool" or before.tool_calls)
+        ):
+            raise _invalid(
+                f"messages[{i}].role",
+                f"messages[{i}] is a tool result, but no assistant message with tool_calls "
+                "comes right before it.",
+            )
     tools = parse_tools(body)
     response_format = parse_response_format(body.get("response_format"))
     variables = body.get("chat_template_kwargs") or {}
