@@ -38,7 +38,7 @@ from app.ui.models import (
     ImportDialog,
     ModelsDialog,
 )
-from app.ui.models.words import BUNDLED, BUNDLED_TIP
+from app.ui.models.words import BUNDLED, BUNDLED_TIP, LINKED
 from tests.e2e.test_downloads import hub, keychain, manager  # noqa: F401 (fixtures)
 from tests.fakehub import FakeHub
 
@@ -122,8 +122,9 @@ def test_a_new_library_lists_the_bundled_model_read_only(
     assert [dialog.tabs.tabText(i) for i in range(3)] == ["Library", "Downloads", "Catalog"]
     assert dialog.library_stack.currentWidget() is not dialog.library_empty
     assert dialog.proxy.rowCount() == 1
-    assert cells(dialog)[0] == f"{SMOL}  · {BUNDLED}"
-    assert dialog.total_label.text() == "1 model · 0 bytes on disk"  # it lives in Stoke's install
+    assert cells(dialog)[:2] == [SMOL, BUNDLED]
+    # it lives in Stoke's install, not in the library folder
+    assert dialog.total_label.text() == "1 model · 0 bytes in the library folder · 1 bundled"
     assert dialog.select_model(SMOL)
     assert dialog.selected_model().bundled
     assert BUNDLED_TIP in dialog.details_summary.text()
@@ -133,6 +134,27 @@ def test_a_new_library_lists_the_bundled_model_read_only(
     assert dialog.downloads_empty.title.text() == EMPTY_DOWNLOADS
 
 
+def test_the_badge_has_its_own_column_and_the_footer_says_where_models_live(
+    open_dialog: Callable[..., ModelsDialog], tmp_path: Path
+) -> None:
+    """At 960 px the bundled model's name shows whole (no badge eating it), and the footer
+    tells the library folder's bytes apart from the linked and bundled models."""
+    other = tmp_path / "Aardvark-135M.gguf"
+    shutil.copyfile(default_model_path(), other)
+    Library().import_model(other, "link")
+    dialog = open_dialog()
+    dialog.resize(960, 600)
+    QApplication.processEvents()
+    assert [cells(dialog, r)[:2] for r in range(2)] == [["Aardvark-135M", LINKED], [SMOL, BUNDLED]]
+    assert dialog.total_label.text() == (
+        "2 models · 0 bytes in the library folder · 1 linked, 1 bundled"
+    )
+    table = dialog.table
+    needed = table.fontMetrics().horizontalAdvance(SMOL)
+    assert table.columnWidth(0) > needed  # the whole name, not "SmolLM2-135M-…_1"
+    assert dialog.proxy.index(1, 1).data(Qt.ItemDataRole.ToolTipRole).startswith(BUNDLED_TIP)
+
+
 def test_the_empty_library_says_what_to_do_without_the_bundled_model(
     open_dialog: Callable[..., ModelsDialog], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -140,7 +162,7 @@ def test_the_empty_library_says_what_to_do_without_the_bundled_model(
     dialog = open_dialog()
     assert dialog.library_stack.currentWidget() is dialog.library_empty
     assert dialog.library_empty.title.text() == EMPTY_LIBRARY
-    assert dialog.total_label.text() == "0 models · 0 bytes on disk"
+    assert dialog.total_label.text() == "0 models · 0 bytes in the library folder"
     assert not dialog.load_button.isEnabled() and not dialog.delete_button.isEnabled()
 
 
@@ -150,8 +172,8 @@ def test_library_table_shows_the_default_model_with_its_metadata(
     model = imported()
     dialog = open_dialog()
     assert dialog.proxy.rowCount() == 1
-    assert cells(dialog) == [SMOL, "GGUF", "llama", "135M", "Q4_1", "8K", "98.4 MB"]
-    assert dialog.total_label.text() == "1 model · 98.4 MB on disk"
+    assert cells(dialog) == [SMOL, "", "GGUF", "llama", "135M", "Q4_1", "8K", "98.4 MB"]
+    assert dialog.total_label.text() == "1 model · 98.4 MB in the library folder"
     assert dialog.details_stack.currentIndex() == 0  # nothing selected yet
 
     assert dialog.select_model(model.id)
@@ -178,7 +200,7 @@ def test_table_sorts_and_filters(open_dialog: Callable[..., ModelsDialog], tmp_p
     dialog.filter_edit.setText("aard")
     assert dialog.proxy.rowCount() == 1 and cells(dialog)[0] == "Aardvark-135M"
     dialog.filter_edit.clear()
-    assert dialog.total_label.text() == "2 models · 196.7 MB on disk"
+    assert dialog.total_label.text() == "2 models · 196.7 MB in the library folder"
 
 
 def test_saved_load_settings_are_shown(open_dialog: Callable[..., ModelsDialog], qtbot: QtBot):
@@ -230,7 +252,7 @@ def test_delete_asks_shows_what_goes_and_removes_model_and_snapshots(
     assert "1 KV snapshot file (4.1 kB)" in asked[0]
     assert not model.path.exists()
     assert not snapshot.parent.exists()
-    assert cells(dialog)[0] == f"{SMOL}  · {BUNDLED}"  # no longer shadowed by the copy
+    assert cells(dialog)[:2] == [SMOL, BUNDLED]  # no longer shadowed by the copy
     assert dialog.banner.text.text() == f"Deleted {SMOL}."
 
 
@@ -256,10 +278,10 @@ def test_import_links_a_model_and_refuses_a_truncated_one_in_words(
     dialog = open_dialog()
     with qtbot.waitSignal(dialog.library_refreshed, timeout=WAIT_MS):
         dialog.import_model(default_model_path(), "link")
-    assert cells(dialog)[0] == f"{SMOL}  ↗"
+    assert cells(dialog)[:2] == [SMOL, LINKED]
     assert dialog.selected_model() is not None and dialog.selected_model().linked
     assert dialog.details_files.text() == "One file (linked: the file stays where it is)"
-    assert dialog.total_label.text() == "1 model · 0 bytes on disk"  # it lives elsewhere
+    assert dialog.total_label.text() == "1 model · 0 bytes in the library folder · 1 linked"
 
     truncated = tmp_path / "broken.gguf"
     truncated.write_bytes(default_model_path().read_bytes()[:5000])

@@ -56,9 +56,12 @@ from app.ui.models.words import (
     COLUMNS,
     EMPTY_LIBRARY,
     GREEN,
+    LINKED,
+    NAME_COLUMN_MAX_PX,
     describe_settings,
     format_context,
     format_parameters,
+    library_footer,
 )
 from app.units import decimal_bytes
 
@@ -138,9 +141,10 @@ class LibraryTab:
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(30)
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)  # fit_name_column
         for col in range(1, len(COLUMNS)):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
         header.setHighlightSections(False)
         header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
 
@@ -176,7 +180,7 @@ class LibraryTab:
         column.addWidget(self.library_stack, 1)
 
         footer = QHBoxLayout()
-        for col in (3, 5, 6):
+        for col in (4, 6, 7):
             self.table_model.horizontalHeaderItem(col).setTextAlignment(
                 Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
             )
@@ -358,9 +362,12 @@ class LibraryTab:
             self.table_model.appendRow(self._row_items(model))
         self.table.setSortingEnabled(True)
         self.library_stack.setCurrentWidget(self.library_empty if not models else self.splitter)
+        self._fit_name_column()
         total = sum(m.size_bytes for m in models if not (m.linked or m.bundled))
-        count = f"{len(models)} model{'s' if len(models) != 1 else ''}"
-        self.total_label.setText(f"{count} · {decimal_bytes(total)} on disk")
+        linked = sum(1 for m in models if m.linked)
+        bundled = sum(1 for m in models if m.bundled)
+        folders = len(self.library.folders())
+        self.total_label.setText(library_footer(len(models), total, folders, linked, bundled))
         self.total_label.setToolTip(
             f"Linked models live elsewhere and are not counted. Folders: "
             f"{', '.join(str(f) for f in self.library.folders())}"
@@ -375,9 +382,17 @@ class LibraryTab:
         self._update_catalog_buttons()
         self.library_refreshed.emit()
 
+    def _fit_name_column(self) -> None:
+        """The Name column as wide as its longest name (within reason), not what is left."""
+        self.table.resizeColumnToContents(0)
+        header = self.table.horizontalHeader()
+        header.resizeSection(0, min(header.sectionSize(0), NAME_COLUMN_MAX_PX))
+
     def _row_items(self, model: ModelEntry) -> list[QStandardItem]:
+        source = BUNDLED if model.bundled else LINKED if model.linked else ""
         values: Sequence[tuple[str, object]] = (
             (model.name, model.name.lower()),
+            (source, source),
             (model.format.upper(), model.format),
             (model.architecture or "—", model.architecture or ""),
             (format_parameters(model.parameters), model.parameters or -1),
@@ -395,11 +410,10 @@ class LibraryTab:
         name = items[0]
         name.setToolTip(str(model.path))
         if model.linked:
-            name.setText(f"{model.name}  ↗")
             name.setToolTip(f"Linked: {model.path} → {model.path.resolve()}")
         if model.bundled:
-            name.setText(f"{model.name}  · {BUNDLED}")
             name.setToolTip(f"{BUNDLED_TIP} · {model.path}")
+        items[1].setToolTip(name.toolTip() if source else "")
         if self._loaded_path is not None and str(model.path) == self._loaded_path:
             font = QFont(name.font())
             font.setBold(True)

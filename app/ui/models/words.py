@@ -15,15 +15,16 @@ from app.models.catalog import (
     budget,
 )
 from app.ui.theme import STATUS
-from app.units import gib
+from app.units import decimal_bytes, gib
 
 BUNDLED = "bundled"
 BUNDLED_TIP = "Comes with Stoke, ready to chat: read-only (it cannot be deleted or renamed)"
 EMPTY_LIBRARY = "No models yet — import a GGUF or download one from the Catalog"
 EMPTY_DOWNLOADS = "No downloads — pick a model in the Catalog, or enter a Hugging Face repo above"
-COLUMNS = ("Name", "Format", "Architecture", "Params", "Quant", "Context", "Size")
+COLUMNS = ("Name", "Source", "Format", "Architecture", "Params", "Quant", "Context", "Size")
 COLUMN_TIPS = (
     "The model's file or folder name",
+    "Bundled: comes with Stoke · linked: the file stays where it is",
     "GGUF (llama.cpp) or MLX (Apple Silicon)",
     "The model architecture from its metadata",
     "Parameter count",
@@ -31,6 +32,24 @@ COLUMN_TIPS = (
     "The longest context the model was trained for",
     "Size on disk (all parts of a split set)",
 )
+
+LINKED = "linked ↗"
+NAME_COLUMN_MAX_PX = 360  # the Name column fits its names up to this, then elides
+
+
+def library_footer(count: int, folder_bytes: int, n_folders: int, linked: int, bundled: int) -> str:
+    """ "2 models · 0 bytes in the library folder · 1 linked, 1 bundled": what the library's
+    folders hold on disk, apart from the models that live elsewhere."""
+    folders = "the library folder" if n_folders == 1 else "the library folders"
+    parts = [
+        f"{count} model{'s' if count != 1 else ''}",
+        f"{decimal_bytes(folder_bytes)} in {folders}",
+    ]
+    elsewhere = [f"{n} {what}" for n, what in ((linked, "linked"), (bundled, BUNDLED)) if n]
+    if elsewhere:
+        parts.append(", ".join(elsewhere))
+    return " · ".join(parts)
+
 
 GREEN, AMBER, RED, GREY = STATUS["ok"], STATUS["warn"], STATUS["error"], STATUS["idle"]
 FIT_COLORS = {"good": GREEN, "warn": AMBER, "bad": RED, "unknown": GREY}
