@@ -5,17 +5,19 @@ and completions' `{tokens, token_logprobs, top_logprobs, text_offset}`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-from app.engine.transcript import Tokenizer
+from typing import Any, Protocol
 
 Score = tuple[float | None, tuple[tuple[int, float], ...]]
+
+
+class Detokenizer(Protocol):
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
 
 
 class TokenTexts:
     """Each id's text, read once through the model's tokenizer."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Detokenizer) -> None:
         self._tokenizer = tokenizer
         self._cache: dict[int, str] = {}
 
