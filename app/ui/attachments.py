@@ -3,7 +3,8 @@
 The bar holds the paperclip button, the chips of the files attached to the draft (name,
 token count, remove) and the context meter. Files are read and counted on a pool thread
 (app/ui/background.py): a PDF of many pages never stalls typing. What cannot be attached is
-said in words through `failed`.
+said in words through `failed`. While a file is read, `reading` says which ("Reading
+notes.md…"), so the composer holds Send: a message sent then would leave the file out.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class AttachmentBar(QWidget):
 
     changed = Signal(list)
     failed = Signal(str)
+    reading = Signal(str)  # "Reading notes.md…" while files are read, "" once all are
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -108,7 +110,7 @@ class AttachmentBar(QWidget):
         self._records: list[dict[str, Any]] = []
         self._chips: list[AttachmentChip] = []
         self._background = Background(self, describe_refusal)
-        self._reading = 0  # files being read now
+        self._reading: list[str] = []  # the names of the files being read now
         self.tokenizer: Callable[[], Any] | None = None  # the loaded model's tokenizer, if any
         self.attach_button = QToolButton(self)
         self.attach_button.setObjectName("attach-button")
@@ -135,7 +137,7 @@ class AttachmentBar(QWidget):
 
     def busy(self) -> bool:
         """Whether a file is still being read (sending now would leave it out)."""
-        return self._reading > 0
+        return bool(self._reading)
 
     def set_records(self, records: Sequence[Mapping[str, Any]]) -> None:
         """Show another draft's files (a conversation switch, or none after a send), without
@@ -151,7 +153,7 @@ class AttachmentBar(QWidget):
     def attach(self, path: Path) -> None:
         """Read `path` off the UI thread; its chip appears and `changed` fires once read."""
         tokenizer = self.tokenizer() if self.tokenizer is not None else None
-        self._reading += 1
+        self._reading.append(path.name)
         self._show_reading()
 
         def work() -> Attachment:
@@ -161,19 +163,26 @@ class AttachmentBar(QWidget):
             count = len(tokenizer.tokenize(attachment.text))
             return dataclasses.replace(attachment, tokens=count)
 
-        self._background.run(QThreadPool.globalInstance(), work, self._read, self._refused)
+        self._background.run(
+            QThreadPool.globalInstance(),
+            work,
+            lambda attachment, name=path.name: self._read(attachment, name),
+            lambda words, name=path.name: self._refused(words, name),
+        )
 
-    def _read(self, attachment: Attachment) -> None:
-        self._reading -= 1
-        self._show_reading()
+    def _read(self, attachment: Attachment, name: str) -> None:
+        self._done_reading(name)
         self._records.append(attachment.record())
         self._rebuild()
         self.changed.emit(self.records())
 
-    def _refused(self, words: str) -> None:
-        self._reading -= 1
-        self._show_reading()
+    def _refused(self, words: str, name: str) -> None:
+        self._done_reading(name)
         self.failed.emit(words)
+
+    def _done_reading(self, name: str) -> None:
+        self._reading.remove(name)
+        self._show_reading()
 
     def remove(self, index: int) -> None:
         del self._records[index]
@@ -181,7 +190,9 @@ class AttachmentBar(QWidget):
         self.changed.emit(self.records())
 
     def _show_reading(self) -> None:
-        self.status.setText(f"Reading {self._reading} file(s)…" if self._reading else "")
+        words = f"Reading {', '.join(self._reading)}…" if self._reading else ""
+        self.status.setText(words)
+        self.reading.emit(words)
 
     def _rebuild(self) -> None:
         for chip in self._chips:

@@ -1,4 +1,6 @@
-"""The message composer: Enter sends, Shift+Enter adds a line, Stop while a reply streams."""
+"""The message composer: Enter sends, Shift+Enter adds a line, Stop while a reply streams.
+Send waits (disabled, saying why) while something the message needs is not ready yet, such
+as an attached file still being read."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from PySide6.QtWidgets import (
 )
 
 DRAFT_SAVE_MS = 400
+SEND_TIP = "Send (Enter)"
 
 
 class _Editor(QPlainTextEdit):
@@ -49,8 +52,9 @@ class Composer(QWidget):
         self.editor.setFixedHeight(84)
         self.send_button = QPushButton("Send", self)
         self.send_button.setAccessibleName("Send message")
-        self.send_button.setToolTip("Send (Enter)")
+        self.send_button.setToolTip(SEND_TIP)
         self.send_button.setDefault(True)
+        self._held = ""  # why Send waits, if it does
         self.stop_button = QPushButton("Stop", self)
         self.stop_button.setAccessibleName("Stop the reply")
         self.stop_button.setToolTip("Stop generating (Esc)")
@@ -98,6 +102,12 @@ class Composer(QWidget):
         self.send_button.setVisible(not generating)
         self.stop_button.setVisible(generating)
 
+    def hold_send(self, reason: str) -> None:
+        """Disable Send (and Enter) with `reason` as its tooltip; "" enables it again."""
+        self._held = reason
+        self.send_button.setEnabled(not reason)
+        self.send_button.setToolTip(reason or SEND_TIP)
+
     def set_warm(self, warm: bool) -> None:
         self.warm.setText("● warm" if warm else "")
 
@@ -113,6 +123,6 @@ class Composer(QWidget):
 
     def _submit(self) -> None:
         text = self.text()
-        if not text.strip() or self.stop_button.isVisible():
+        if not text.strip() or self.stop_button.isVisible() or self._held:
             return
         self.send_requested.emit(text)

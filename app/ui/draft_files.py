@@ -43,6 +43,7 @@ class DraftFiles(QObject):
         self._pending: dict[str, list[dict[str, Any]]] = {}  # conversation -> draft files
         self.bar.changed.connect(self._changed)
         self.bar.failed.connect(lambda words: window.banner.show_message(words))
+        self.bar.reading.connect(window.composer.hold_send)  # sent now, it would go without
         window.prewarm.on_count = self._counted
         window.setAcceptDrops(True)
         for target in (window, window.composer.editor.viewport()):
