@@ -44,7 +44,13 @@ class Banner(QFrame):
         self.hide()
 
     def set_dark(self, dark: bool) -> None:
+        """Follow the theme, the message on show included."""
         self._dark = dark
+        self._paint()
+
+    def _paint(self) -> None:
+        bg, fg = BANNER[self.kind]["dark" if self._dark else "light"]
+        self.setStyleSheet(f"QFrame#banner {{ background: {bg}; }} QLabel {{ color: {fg}; }}")
 
     def show_message(
         self,
@@ -60,8 +66,7 @@ class Banner(QFrame):
         for button in self._actions:
             button.deleteLater()
         self._actions = []
-        bg, fg = BANNER[kind]["dark" if self._dark else "light"]
-        self.setStyleSheet(f"QFrame#banner {{ background: {bg}; }} QLabel {{ color: {fg}; }}")
+        self._paint()
         self.text.setText(message)
         for label, callback in actions or []:
             button = QPushButton(label, self)

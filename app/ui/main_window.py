@@ -563,13 +563,17 @@ class MainWindow(QMainWindow):
         def read() -> None:
             try:
                 data = json.loads(path.read_text("utf-8"))
-            except ValueError as exc:
-                raise StoreError(f"{path.name} is not a JSON file: {exc}.") from exc
+            except ValueError as exc:  # not JSON, or not text at all
+                raise StoreError(
+                    f"{path.name} is not a JSON file, so not a Stoke conversation export."
+                ) from exc
             conversation = import_json(self.store, data)
             self.sidebar.refresh()
             self.open_conversation(conversation.id)
             title = conversation.title or "the conversation"
-            self.banner.show_message(f"Imported {title} from {path.name}.", kind="success")
+            self.banner.show_message(
+                f"Imported {title} from {path.name}.", kind="success", conversation=conversation.id
+            )
 
         self._guard(read, cause="import")
 

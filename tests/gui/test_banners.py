@@ -31,6 +31,9 @@ def test_a_banner_is_cleared_by_its_own_cause_only(qtbot: QtBot) -> None:
     assert banner.isHidden()
     banner.show_message("Saved.", kind="success")
     assert BANNER["success"]["light"][0] in banner.styleSheet()
+    banner.set_dark(True)  # the theme changes while it shows: it follows
+    assert BANNER["success"]["dark"][0] in banner.styleSheet()
+    assert BANNER["success"]["light"][0] not in banner.styleSheet()
 
 
 def test_import_error_then_success_and_banners_stay_with_their_conversation(
@@ -41,6 +44,7 @@ def test_import_error_then_success_and_banners_stay_with_their_conversation(
     (tmp_path / "bad.json").write_text("{not json", "utf-8")
     harness.act(lambda: window.import_from(tmp_path / "bad.json"))
     assert "bad.json is not a JSON file" in window.banner.text.text()
+    assert "Expecting" not in window.banner.text.text()  # json's own words stay out
     window.store.add_message(first, None, "user", "Hello there.")
     harness.act(lambda: window.export_to(tmp_path / "good.json", "json"))
     harness.act(lambda: window.import_from(tmp_path / "good.json"))
@@ -49,6 +53,9 @@ def test_import_error_then_success_and_banners_stay_with_their_conversation(
     assert "not a JSON file" not in window.banner.text.text()
 
     imported = window.conversation_id
+    harness.act(window.new_conversation)
+    assert not window.banner.isVisible()  # the import's success was about the imported one
+    harness.act(lambda: window.open_conversation(imported))
     harness.act(
         lambda: window.banner.show_message(
             "Left out the 148 oldest messages to fit the context.",
