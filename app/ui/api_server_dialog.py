@@ -36,6 +36,7 @@ from app.engine.protocol import EngineError
 from app.server.control import LocalServer
 from app.settings import Settings
 from app.ui import theme
+from app.ui.fit import fit_to_screen
 
 _MIN_WIDTH = 520  # room for the longest status line to wrap into two or three lines
 _FIELD_PADDING = 8  # a line edit's frame and inner padding on each side
@@ -99,6 +100,7 @@ class ApiServerDialog(QDialog):
         layout.addWidget(buttons)
         self._show_key()
         self._show_status()
+        fit_to_screen(self)
 
     def key_width(self) -> int:
         """Pixels the key field needs to show the whole key, hidden or shown."""

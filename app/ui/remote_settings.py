@@ -31,6 +31,7 @@ from app.engine.protocol import EngineError
 from app.engine.remote import MODES, probe
 from app.remote_config import api_key, remote_options, save_api_key
 from app.settings import Settings
+from app.ui.fit import fit_to_screen
 
 
 class RemoteSettingsDialog(QDialog):
@@ -83,6 +84,7 @@ class RemoteSettingsDialog(QDialog):
         )
         layout.addWidget(self.status)
         layout.addWidget(buttons)
+        fit_to_screen(self)
 
     def _browse(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Tokenizer GGUF", "", "GGUF (*.gguf)")

@@ -20,6 +20,7 @@ from app.models.default import default_model_path
 from app.models.names import model_name
 from app.ui.a11y import described
 from app.ui.background import Background
+from app.ui.fit import fit_to_screen
 from app.units import gib
 
 ABOUT = "Stoke is a chat app that runs language models on this computer: what you type stays here."
@@ -94,6 +95,7 @@ class Welcome(QDialog):
         self.details_button.clicked.connect(self._details)
         self.start_button.clicked.connect(self.accept)
         self.setMinimumWidth(440)
+        fit_to_screen(self)
         self._background = Background(self)  # an answer after the welcome closed is dropped
         self._background.run(QThreadPool.globalInstance(), detect, self._found, self._check_failed)
 

@@ -34,6 +34,7 @@ from app.models.names import model_name
 from app.ui import theme
 from app.ui.a11y import described
 from app.ui.background import Background
+from app.ui.fit import fit_to_screen
 from app.ui.hardware.cards import WizardCards
 from app.ui.hardware.chart import is_dark
 from app.ui.hardware.planning import (
@@ -79,6 +80,7 @@ class HardwareWizard(WizardCards, QDialog):
         self._restyle()
         self.resize(1100, 880)
         self.setMinimumSize(860, 560)
+        fit_to_screen(self)  # the cards scroll (WizardCards) on a smaller screen
         self.model_path = str(model_path)
         self.hardware: Hardware | None = None
         self.info: GGUFInfo | None = None

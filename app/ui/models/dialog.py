@@ -25,6 +25,7 @@ from app.models.library import Library, LibraryError, ModelEntry
 from app.ui import theme
 from app.ui.background import Background
 from app.ui.banner import Banner
+from app.ui.fit import fit_to_screen
 from app.ui.models.catalog_tab import CatalogTab
 from app.ui.models.download_row import DownloadRow
 from app.ui.models.downloads_tab import DownloadsTab
@@ -87,6 +88,7 @@ class ModelsDialog(LibraryTab, DownloadsTab, CatalogTab, QDialog):
         self.setAccessibleName("Models")
         self.setStyleSheet(theme.stylesheet("models.qss"))
         self.resize(1120, 700)
+        fit_to_screen(self)
         column = QVBoxLayout(self)
         column.setContentsMargins(16, 14, 16, 14)
         column.setSpacing(10)

@@ -21,6 +21,7 @@ from app import paths
 from app.models.library import ImportMode
 from app.ui import theme
 from app.ui.a11y import described
+from app.ui.fit import fit_to_screen
 from app.ui.models.widgets import text_label
 from app.units import decimal_bytes
 
@@ -106,6 +107,7 @@ class ImportDialog(QDialog):
         self.folder_button.clicked.connect(self._choose_folder)
         self.path_edit.textChanged.connect(self._path_changed)
         self._path_changed("")
+        fit_to_screen(self)
 
     def _choose_file(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
