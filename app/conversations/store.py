@@ -198,6 +198,16 @@ class ConversationStore:
         ).fetchall()
         return [_conversation(row) for row in rows]
 
+    def most_recent_empty(self) -> Conversation | None:
+        """The latest conversation with no message and no draft: where "New chat" goes, so
+        untouched conversations do not pile up in the sidebar."""
+        row = self._execute(
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations c WHERE deleted_at IS NULL "
+            "AND draft = '' AND NOT EXISTS (SELECT 1 FROM messages m "
+            "WHERE m.conversation_id = c.id) ORDER BY updated_at DESC LIMIT 1"
+        ).fetchone()
+        return None if row is None else _conversation(row)
+
     def most_recent(self) -> Conversation | None:
         """The conversation to reopen at start-up, pinned or not."""
         row = self._execute(

@@ -220,7 +220,8 @@ class MainWindow(QMainWindow):
         self.model_switcher.opened(conversation_id)  # its own model, if it has one
 
     def new_conversation(self) -> None:
-        conversation = self.store.create_conversation()
+        """Open an empty conversation: the untouched one there is, else a new one."""
+        conversation = self.store.most_recent_empty() or self.store.create_conversation()
         self.sidebar.refresh()
         self.open_conversation(conversation.id)
 

@@ -193,3 +193,21 @@ def test_a_first_decode_crash_is_survived_and_said_in_the_banner(harness: Harnes
     assert window.banner.isVisible()
     shown = window.banner.findChild(QLabel).text()
     assert "conservative settings" in shown and shown == window.session.engine.notices[0]
+
+
+def test_new_chat_reuses_the_untouched_conversation(harness: Harness):
+    """New chat twice, or from a conversation beside an untouched one, opens that one: empty
+    conversations do not pile up in the sidebar."""
+    window = harness.start()
+    empty = window.conversation_id
+    window.store.add_message(empty, None, "user", "Hello there.")
+    harness.act(window.new_conversation)
+    fresh = window.conversation_id
+    assert fresh != empty
+    count = window.sidebar.list.count()
+    harness.act(window.new_conversation)
+    assert window.conversation_id == fresh
+    harness.act(lambda: window.open_conversation(empty))
+    harness.act(window.new_conversation)
+    assert window.conversation_id == fresh
+    assert window.sidebar.list.count() == count

@@ -100,6 +100,19 @@ def test_most_recent_of_empty_store(store: ConversationStore) -> None:
     assert store.list_conversations() == []
 
 
+def test_most_recent_empty_is_the_untouched_conversation(store: ConversationStore) -> None:
+    assert store.most_recent_empty() is None
+    talked = store.create_conversation()
+    store.add_message(talked.id, None, "user", "hello")
+    drafted = store.create_conversation()
+    store.set_draft(drafted.id, "half a thought")
+    assert store.most_recent_empty() is None  # one has a message, the other a draft
+    untouched = store.create_conversation()
+    assert store.most_recent_empty().id == untouched.id
+    store.delete(untouched.id)
+    assert store.most_recent_empty() is None
+
+
 def test_id_prefix(store: ConversationStore) -> None:
     conversation = store.create_conversation("x")
     assert store.get_conversation(conversation.id[:4]).id == conversation.id
