@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QMessageBox,
     QPushButton,
+    QVBoxLayout,
     QWidget,
 )
 
@@ -46,18 +47,28 @@ class PresetPicker(QWidget):
             "A named system prompt and sampling settings: picking one applies it to this "
             "conversation"
         )
+        self.combo.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
+        self.combo.setMinimumContentsLength(12)  # a long preset name elides, the panel holds
         self.save_button = QPushButton("Save as preset…", self)
         self.save_button.setAccessibleName("Save as preset")
         self.save_button.setToolTip("Keep this conversation's system prompt and sampling")
         self.delete_button = QPushButton("Delete", self)
         self.delete_button.setAccessibleName("Delete preset")
         self.delete_button.setToolTip("Delete the chosen preset (built-in ones stay)")
-        row = QHBoxLayout(self)
-        row.setContentsMargins(0, 0, 0, 0)
+        # The list above its buttons: side by side they made the panel wider than its dock
+        # at 960 px (the panel then scrolled sideways and clipped "Save as preset…").
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(6)
+        column.addWidget(self.combo)
+        row = QHBoxLayout()
         row.setSpacing(6)
-        row.addWidget(self.combo, 1)
         row.addWidget(self.save_button)
         row.addWidget(self.delete_button)
+        row.addStretch(1)
+        column.addLayout(row)
         self.combo.activated.connect(self._picked)
         self.save_button.clicked.connect(self.save_current)
         self.delete_button.clicked.connect(self.delete_current)
