@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from app.engine.host import EngineClient
 from app.engine.protocol import LoadOptions
 from app.models.default import default_model_path
 from app.session import ChatSession
+from tests.e2e.serving import ServerThread
 
 GREEDY = {"temperature": 0.0, "max_tokens": 24}
 
@@ -57,3 +58,13 @@ async def start_session(
     client = EngineClient(LoadOptions(model, n_ctx=n_ctx), backend=engine)
     await client.start()
     return ChatSession(store, client)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """A `stoke serve` on loopback with the default options and its own STOKE_HOME, shared by
+    a module's tests (a module that needs other options defines its own `served`)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STOKE_HOME", str(tmp_path_factory.mktemp("serve-home")))
+        with ServerThread() as server:
+            yield server

@@ -3,8 +3,6 @@ the real default model: stateless clients keep their KV, the token-id contract, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import openai
 import pytest
 
@@ -20,14 +18,6 @@ FOLLOW_UPS = (
     "Is that a lot?",
     "Thanks. One last word?",
 )
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(tmp_path_factory.mktemp("serve-home")))
-        with ServerThread() as server:
-            yield server
 
 
 def _turn(client: openai.OpenAI, model: str, messages: list[dict], *, stream: bool):

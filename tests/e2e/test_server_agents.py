@@ -3,8 +3,6 @@ Agents SDK (openai-agents) over the chat completions API, on the real default mo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import openai
 import pytest
 from agents import (
@@ -21,14 +19,6 @@ from tests.e2e.serving import API_KEY, ServerThread
 
 pytestmark = pytest.mark.e2e
 ROUNDS = 3
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(tmp_path_factory.mktemp("serve-home")))
-        with ServerThread() as server:
-            yield server
 
 
 def test_agents_sdk_runs_a_tool_loop(served: ServerThread) -> None:

@@ -5,7 +5,6 @@ whole previous turn every time, x-api-key auth, count_tokens, and refusals in wo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import anthropic
 import jsonschema
@@ -24,14 +23,6 @@ WEATHER = {
         "required": ["city"],
     },
 }
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(tmp_path_factory.mktemp("serve-home")))
-        with ServerThread() as server:
-            yield server
 
 
 def _client(served: ServerThread, key: str = API_KEY) -> anthropic.Anthropic:

@@ -5,7 +5,6 @@ prefilling only its new input, and a function call continued with its output."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
 import pytest
@@ -23,14 +22,6 @@ WEATHER = {
         "required": ["city"],
     },
 }
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(tmp_path_factory.mktemp("serve-home")))
-        with ServerThread() as server:
-            yield server
 
 
 def _create(served: ServerThread, stream: bool, **kwargs):
