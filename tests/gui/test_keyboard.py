@@ -3,10 +3,7 @@ stays visible after a send, and the View menu names Ctrl+, for the settings."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-from PySide6.QtCore import QEvent, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QColor, QKeySequence, QPalette
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
@@ -17,16 +14,6 @@ from app.ui.sidebar import Sidebar
 from tests.gui.harness import Harness
 
 WAIT_MS = 5000
-
-
-@pytest.fixture
-def store(qtbot: QtBot) -> Iterator[ConversationStore]:
-    with ConversationStore.open() as opened:
-        yield opened
-        for widget in QApplication.topLevelWidgets():
-            widget.close()
-            widget.deleteLater()
-        QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
 
 def test_down_from_search_shows_a_current_row_and_enter_opens_it(

@@ -3,8 +3,6 @@ conversation gets its prompt and sampling; save the settings as a preset; delete
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from PySide6.QtWidgets import QInputDialog, QMessageBox
 from pytestqt.qtbot import QtBot
@@ -14,21 +12,6 @@ from app.presets import BUILTIN, load_presets
 from app.ui.settings_panel import ConversationSettings
 
 WAIT_MS = 5000
-
-
-@pytest.fixture
-def store() -> Iterator[ConversationStore]:
-    with ConversationStore.open() as opened:
-        yield opened
-
-
-@pytest.fixture
-def panel(qtbot: QtBot, store: ConversationStore) -> ConversationSettings:
-    widget = ConversationSettings(store)
-    qtbot.addWidget(widget)
-    widget.show()
-    qtbot.waitExposed(widget)
-    return widget
 
 
 def pick(panel: ConversationSettings, name: str) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -22,21 +20,6 @@ from app.conversations import ConversationStore
 from app.ui.settings_panel import ConversationSettings
 
 WAIT_MS = 5000
-
-
-@pytest.fixture
-def store() -> Iterator[ConversationStore]:
-    with ConversationStore.open() as opened:
-        yield opened
-
-
-@pytest.fixture
-def panel(qtbot: QtBot, store: ConversationStore) -> ConversationSettings:
-    widget = ConversationSettings(store)
-    qtbot.addWidget(widget)
-    widget.show()
-    qtbot.waitExposed(widget)
-    return widget
 
 
 def test_load_shows_the_conversation(panel: ConversationSettings, store: ConversationStore) -> None:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from datetime import date, datetime, time, timedelta
 
-import pytest
-from PySide6.QtCore import QEvent, Qt, QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QColor
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import (
@@ -25,17 +23,6 @@ from app.conversations import ConversationStore
 from app.ui.sidebar import Sidebar, date_group, snippet_html
 
 WAIT_MS = 5000
-
-
-@pytest.fixture
-def store(qtbot: QtBot) -> Iterator[ConversationStore]:
-    """Closed only after the widgets over it are gone, timers included."""
-    with ConversationStore.open() as opened:
-        yield opened
-        for widget in QApplication.topLevelWidgets():
-            widget.close()
-            widget.deleteLater()
-        QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
 
 def make_sidebar(qtbot: QtBot, store: ConversationStore, **kwargs: int) -> Sidebar:
