@@ -29,11 +29,11 @@ from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox, QStylePai
 from app.engine.host import EngineState
 from app.hardware.detect import Hardware, detect
 from app.models.catalog import size_verdict
-from app.models.library import Library, LibraryError, ModelEntry
+from app.models.library import Library, ModelEntry
 from app.models.names import model_name
 from app.ui.background import Background
 from app.ui.models.library_tab import library_pool
-from app.ui.models.words import FIT_COLORS, FIT_TIPS, fit_level
+from app.ui.models.words import FIT_COLORS, FIT_TIPS, fit_level, library_error_words
 
 if TYPE_CHECKING:
     from app.ui.main_window import MainWindow
@@ -80,11 +80,6 @@ def badge(color: str) -> QIcon:
     painter.drawEllipse(0, 0, BADGE_SIZE, BADGE_SIZE)
     painter.end()
     return QIcon(pixmap)
-
-
-def _in_words(exc: Exception) -> str:
-    """A library error is written for the user; anything else is said without its text."""
-    return str(exc) if isinstance(exc, LibraryError) else "the library folders are not readable"
 
 
 class ModelPicker(QComboBox):
@@ -173,7 +168,7 @@ class ModelSwitcher(QObject):
         self.models: list[ModelEntry] = []
         self.scans = 0  # finished library scans, for whoever waits on one
         self.reloading: asyncio.Task | None = None
-        self._background = Background(self, _in_words)
+        self._background = Background(self, library_error_words)
         self.picker.model_chosen.connect(self.choose)
         window.session.engine.add_state_listener(self._engine_state)
         self._background.run(

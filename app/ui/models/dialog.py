@@ -9,7 +9,6 @@ one when it closes.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +20,7 @@ from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTabWidget, QVBoxLayout
 from app.hardware.detect import Hardware, detect
 from app.models.catalog import load_catalog
 from app.models.downloads import Downloads, Progress
-from app.models.library import Library, LibraryError, ModelEntry
+from app.models.library import Library, ModelEntry
 from app.ui import theme
 from app.ui.background import Background
 from app.ui.banner import Banner
@@ -31,18 +30,9 @@ from app.ui.models.download_row import DownloadRow
 from app.ui.models.downloads_tab import DownloadsTab
 from app.ui.models.library_tab import LibraryTab, library_pool
 from app.ui.models.search_tab import HubSearch
+from app.ui.models.words import library_error_words
 
-log = logging.getLogger("stoke.ui.models")
 REDRAW_MS = 1000
-
-
-def _in_words(exc: Exception) -> str:
-    """A library or download error is written for the user; anything else is a bug, shown
-    in one line with its traceback in the log."""
-    if isinstance(exc, LibraryError):  # DownloadError too
-        return str(exc)
-    log.error("a Models page task failed", exc_info=exc)
-    return f"Something went wrong: {type(exc).__name__}: {exc}"
 
 
 class ModelsDialog(LibraryTab, DownloadsTab, CatalogTab, QDialog):
@@ -61,7 +51,7 @@ class ModelsDialog(LibraryTab, DownloadsTab, CatalogTab, QDialog):
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
-        self._tasks = Background(self, _in_words)
+        self._tasks = Background(self, library_error_words)
         self._progress.connect(self._apply_progress, Qt.ConnectionType.QueuedConnection)
         self.library = library
         self._owns_downloads = downloads is None

@@ -3,6 +3,7 @@ and how parameter counts, context lengths and time left are written. No widgets 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from app.hardware.detect import Hardware
@@ -14,6 +15,7 @@ from app.models.catalog import (
     RUNS_ON_CPU,
     budget,
 )
+from app.models.library import LibraryError
 from app.ui.theme import STATUS
 from app.units import decimal_bytes, gib
 
@@ -171,3 +173,12 @@ def machine_summary(hardware: Hardware) -> str:
         gpus = f"{count} GPU{'s' if count > 1 else ''}"
         return f"{gpus} with {gib(room.gpu_bytes)} for models · {ram} RAM"
     return f"No GPU Stoke can use · {ram} RAM"
+
+
+def library_error_words(exc: Exception) -> str:
+    """A library or download error is written for the user; anything else is a bug: said
+    without its text, with its traceback in the log."""
+    if isinstance(exc, LibraryError):  # DownloadError too
+        return str(exc)
+    logging.getLogger("stoke.ui.models").error("a library task failed", exc_info=exc)
+    return "Something went wrong reading the library; the details are in Stoke's log."
