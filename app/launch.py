@@ -5,7 +5,7 @@ Precedence, lowest first:
 
 1. `LoadOptions`' defaults;
 2. the app's Settings (engine when it is a local choice, context, threads, GPU layers,
-   resident conversations, snapshot budgets);
+   resident conversations, snapshot budgets, speculative decoding and its draft model);
 3. the model's saved load settings (the hardware wizard's plan, its engine included);
 4. the command's flags (--ctx, --engine).
 
@@ -66,6 +66,8 @@ def resolve_load_options(
         "n_seq_max": settings.resident_conversations,
         "kv_disk_budget": int(settings.snapshot_disk_gib * (1 << 30)),
         "kv_ram_budget": int(settings.snapshot_ram_gib * (1 << 30)),
+        "speculation": settings.speculation,
+        "draft_model": settings.draft_model,
     }
     with contextlib.suppress(OSError, ModelLoadError):  # no plan for a missing file
         planned = load_settings.load(model) or {}

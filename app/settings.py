@@ -20,6 +20,7 @@ from typing import Any
 
 from app import paths
 from app.engine.choice import CHOICES
+from app.engine.drafting import SPECULATION_MODES
 from app.engine.remote import MODES
 
 DEFAULT_N_CTX = 8192
@@ -36,6 +37,10 @@ class Settings:
     resident_conversations: int = 4  # KV sequences kept live at once (n_seq_max)
     snapshot_disk_gib: float = 20.0  # disk budget of KV snapshots; oldest evicted first
     snapshot_ram_gib: float = 2.0
+    # Speculative decoding (app/engine/speculate.py): auto, lookup, draft or off; and the draft
+    # model (a smaller one with the model's tokenizer: app/models/drafts.py), None for none.
+    speculation: str = "auto"
+    draft_model: str | None = None
     # engine "remote" (app/engine/remote.py): the server, its model id (None: its only one),
     # the wire mode, a local GGUF of the same model for tokens (None: ask the server), and
     # the longest wait for it. The API key is in the keychain (app/models/secrets.py).
@@ -136,6 +141,8 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "resident_conversations": _integer(1, MAX_RESIDENT),
     "snapshot_disk_gib": _number(0),
     "snapshot_ram_gib": _number(0),
+    "speculation": _one_of(SPECULATION_MODES),
+    "draft_model": _text_or_none,
     "remote_url": _text_or_none,
     "remote_model": _text_or_none,
     "remote_mode": _one_of(MODES),
@@ -153,6 +160,8 @@ _EXPECTED = {
     "resident_conversations": f"a whole number from 1 to {MAX_RESIDENT}",
     "snapshot_disk_gib": "a number of GiB, 0 or more",
     "snapshot_ram_gib": "a number of GiB, 0 or more",
+    "speculation": "one of " + ", ".join(SPECULATION_MODES),
+    "draft_model": "a path or null",
     "remote_url": "a URL or null",
     "remote_model": "a model id or null",
     "remote_mode": "one of " + ", ".join(MODES),

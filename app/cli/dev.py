@@ -1,6 +1,7 @@
 """`stoke dev`: developer tools: synthetic DeepSeek V4 Flash GGUFs, the Flash layout the
-catalog ships (regenerate it when `app/hardware/synthetic_gguf.py` changes), and the walk
-that photographs the window for the README."""
+catalog ships (regenerate it when `app/hardware/synthetic_gguf.py` changes), a draft model cut
+from a GGUF's first blocks (for speculative decoding's bench), and the walk that photographs
+the window for the README."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from app import resources
 from app.bench import walk
 from app.hardware.synthetic_gguf import flash_layout_text, write_deepseek4
 from app.models.catalog import FLASH_LAYOUT
+from app.models.default import default_model_path
+from app.models.truncated_gguf import write_truncated
 
 SHIPPED_LAYOUT = Path(resources.__file__).with_name(FLASH_LAYOUT)
 
@@ -22,6 +25,16 @@ def _make_gguf(args: argparse.Namespace) -> int:
         f"wrote {path} ({args.mode}): apparent size {stat.st_size / 2**20:,.1f} MiB, "
         f"on disk {stat.st_blocks * 512 / 2**20:,.1f} MiB"
     )
+    return 0
+
+
+def _make_draft(args: argparse.Namespace) -> int:
+    try:
+        path = write_truncated(args.source, args.out, args.layers)
+    except ValueError as exc:
+        print(f"stoke dev make-draft: {exc}")
+        return 1
+    print(f"wrote {path}: the first {args.layers} blocks of {args.source.name}")
     return 0
 
 
@@ -47,6 +60,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("out", type=Path, help="the .gguf file to write")
     parser.set_defaults(run=_make_gguf)
+    draft = tools.add_parser(
+        "make-draft", help="write a draft model: the first blocks of a GGUF (default model's)"
+    )
+    draft.add_argument("--layers", type=int, default=2, help="blocks to keep (default 2)")
+    draft.add_argument("--source", type=Path, default=default_model_path(), help="the target")
+    draft.add_argument("out", type=Path, help="the .gguf file to write")
+    draft.set_defaults(run=_make_draft)
     layout = tools.add_parser(
         "flash-layout", help="write the DeepSeek V4 Flash layout the catalog plans with"
     )

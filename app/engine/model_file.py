@@ -16,6 +16,7 @@ import re
 import shutil
 import struct
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,39 +135,13 @@ def _gguf_header_end(view: mmap.mmap) -> int:
     not a GGUF v2/v3 header inside the file."""
     if view[:4] != GGUF_MAGIC or struct.unpack_from("<I", view, 4)[0] not in (2, 3):
         raise ValueError("not a GGUF v2/v3 file")
-    n_tensors, n_kv = struct.unpack_from("<QQ", view, 8)
-    pos, size = 24, len(view)
-
-    def skip_string(at: int) -> int:
-        (length,) = struct.unpack_from("<Q", view, at)
-        if at + 8 + length > size:
-            raise ValueError("a string runs past the end of the file")
-        return at + 8 + length
-
-    def skip_value(kind: int, at: int) -> int:
-        if kind in _SCALAR_SIZES:
-            return at + _SCALAR_SIZES[kind]
-        if kind == _STRING:
-            return skip_string(at)
-        if kind != _ARRAY:
-            raise ValueError(f"unknown metadata type {kind}")
-        item, count = struct.unpack_from("<IQ", view, at)
-        at += 12
-        if item in _SCALAR_SIZES:
-            return at + count * _SCALAR_SIZES[item]
-        for _ in range(count):
-            at = skip_value(item, at)
-        return at
-
-    for _ in range(n_kv):
-        pos = skip_string(pos)
-        (kind,) = struct.unpack_from("<I", view, pos)
-        pos = skip_value(kind, pos + 4)
+    (n_tensors,) = struct.unpack_from("<Q", view, 8)
+    pos = max((end for *_, end in _metadata(view)), default=24)
     for _ in range(n_tensors):
-        pos = skip_string(pos)
+        pos = _skip_string(view, pos)
         (n_dims,) = struct.unpack_from("<I", view, pos)
         pos += 4 + 8 * n_dims + 4 + 8  # dims, type, offset
-    if pos > size:
+    if pos > len(view):
         raise ValueError("the tensor infos run past the end of the file")
     return pos
 
@@ -317,3 +292,63 @@ def gguf_architecture(path: str | os.PathLike[str]) -> str | None:
             else:
                 return None
     return None
+
+
+def _metadata(view: mmap.mmap) -> Iterator[tuple[bytes, int, int]]:
+    """Each metadata entry of a GGUF header: (key, where its value starts, where it ends).
+    Raises ValueError or struct.error where the header is cut off or unknown."""
+    (n_kv,) = struct.unpack_from("<Q", view, 16)
+    pos = 24
+    for _ in range(n_kv):
+        start = _skip_string(view, pos)
+        key = view[pos + 8 : start]
+        (kind,) = struct.unpack_from("<I", view, start)
+        pos = _skip_value(view, kind, start + 4)
+        yield key, start, pos
+
+
+def _skip_string(view: mmap.mmap, at: int) -> int:
+    (length,) = struct.unpack_from("<Q", view, at)
+    if at + 8 + length > len(view):
+        raise ValueError("a string runs past the end of the file")
+    return at + 8 + length
+
+
+def _skip_value(view: mmap.mmap, kind: int, at: int) -> int:
+    """The offset after a metadata value of `kind` that starts at `at`."""
+    if kind in _SCALAR_SIZES:
+        return at + _SCALAR_SIZES[kind]
+    if kind == _STRING:
+        return _skip_string(view, at)
+    if kind != _ARRAY:
+        raise ValueError(f"unknown metadata type {kind}")
+    item, count = struct.unpack_from("<IQ", view, at)
+    at += 12
+    if item in _SCALAR_SIZES:
+        return at + count * _SCALAR_SIZES[item]
+    for _ in range(count):
+        at = _skip_value(view, item, at)
+    return at
+
+
+def tokenizer_fingerprint(path: str | os.PathLike[str]) -> str:
+    """What a model's token ids mean, named by a hash: a GGUF's `tokenizer.ggml.*` metadata
+    (vocabulary, types, merges, special ids) as stored, an MLX folder's tokenizer.json. Two
+    models with the same one can check each other's tokens (a draft model and its target)."""
+    file = Path(path).expanduser()
+    digest = hashlib.sha256(b"stoke-tokenizer-1")
+    if file.is_dir():
+        digest.update((file / "tokenizer.json").read_bytes())
+        return digest.hexdigest()[:16]
+    file = _parts(check_gguf(file))[0]
+    with file.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        try:
+            for key, start, end in _metadata(view):
+                if key.startswith(b"tokenizer.ggml."):
+                    digest.update(key + view[start:end])
+        except (struct.error, ValueError) as exc:
+            raise ModelLoadError(
+                f"{file.name} is truncated or damaged: its GGUF header cannot be read. "
+                "Download it again."
+            ) from exc
+    return digest.hexdigest()[:16]

@@ -89,6 +89,11 @@ class LoadOptions:
     remote: RemoteOptions | None = None
     # The local engine: "llama.cpp", "mlx", or "auto" (the platform's; engine/choice.py).
     engine: str = "auto"
+    # Speculative decoding (engine/speculate.py): "auto" (prompt lookup, and the draft model
+    # when one is set), "lookup", "draft" (the draft model alone) or "off"; the draft model is
+    # a smaller model of the same tokenizer (its path), or None.
+    speculation: str = "auto"
+    draft_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,9 @@ class GenerationStats:
     decode_tok_s: float
     finish_reason: FinishReason
     restored_tokens: int = 0  # of reused_tokens, how many came from a snapshot, not live KV
+    # Speculative decoding (engine/speculate.py): draft tokens verified, and of those kept.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     @classmethod
     def timed(
@@ -192,6 +200,8 @@ class GenerationStats:
         decode_s: float,
         finish_reason: FinishReason,
         restored_tokens: int = 0,
+        drafted_tokens: int = 0,
+        accepted_tokens: int = 0,
     ) -> GenerationStats:
         """Stats from counts and the seconds spent, so every backend derives its rates alike."""
         generated = generated_tokens  # the decode rate counts those after the first
@@ -205,7 +215,14 @@ class GenerationStats:
             decode_tok_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
             finish_reason=finish_reason,
             restored_tokens=restored_tokens,
+            drafted_tokens=drafted_tokens,
+            accepted_tokens=accepted_tokens,
         )
+
+    @property
+    def acceptance(self) -> float | None:
+        """The share of drafted tokens kept (None: nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -218,6 +235,8 @@ class GenerationStats:
             "prefill_tok_s": round(self.prefill_tok_s, 1),
             "decode_tok_s": round(self.decode_tok_s, 1),
             "finish_reason": str(self.finish_reason),
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
         }
 
 

@@ -8,9 +8,10 @@ the longest prefix among its own sequence, the other resident sequences (where t
 can copy a prefix) and the snapshots, so only the rest is evaluated.
 
 That policy is written once, here. A runtime (llama.cpp, MLX) subclasses `SlotEngine` and
-supplies a handful of hooks (new slot, trim, serialize, deserialize, forward, sample, and
-optionally copying a prefix between sequences), so that every decoding strategy built on
-them (speculative decoding next) is written once for both.
+supplies a handful of hooks (new slot, trim, serialize, deserialize, forward, verify, sample,
+and optionally copying a prefix between sequences), so that every decoding strategy built on
+them is written once for both: the generate loop's token source is `speculate.Decoder`,
+plain decoding or speculative decoding with the drafters the load options choose.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+import numpy as np
+
+from app.engine.drafting import Drafter
 from app.engine.kvstore import KVStore, common_prefix
 from app.engine.logprobs import Scores
 from app.engine.protocol import (
@@ -38,6 +42,7 @@ from app.engine.protocol import (
     SamplingParams,
     TokenEvent,
 )
+from app.engine.speculate import Decoder, Pace
 
 RESTORE_MIN_GAIN = 32  # tokens a snapshot or another sequence must add to be worth copying
 USER_CHUNK = 256  # prefill chunk while a user waits for the reply: Stop lands within one
@@ -67,10 +72,6 @@ class Draw(Protocol[S]):
         """The token `next` drew is not kept (end of turn): undo what it evaluated."""
         ...
 
-    def feed(self, slot: S, token: int) -> None:
-        """Make the logits after the kept `token` ready, unless `next` already did."""
-        ...
-
     def scores(self) -> Scores:
         """The last drawn token's logprob and top alternatives, when the sampling asked."""
         ...
@@ -96,6 +97,9 @@ class SlotEngine(Generic[S]):
         self._kv: KVStore | None = None
         self._trimmable = True  # False: restore only a snapshot the slot can extend
         self._copies_prefixes = False  # True: `_copy_prefix` shares a resident prefix
+        self._speculates = False  # True: `_verify` works and the KV can be cut anywhere
+        self._drafters: list[Drafter] = []  # set by `_open_drafters` (speculate.py)
+        self._pace = Pace()
 
     # -- the runtime's hooks ----------------------------------------------------------------
 
@@ -136,6 +140,15 @@ class SlotEngine(Generic[S]):
         logits after its last token become ready."""
         raise NotImplementedError
 
+    def _verify(self, slot: S, chunk: list[int]) -> np.ndarray:
+        """Evaluate `chunk` after `slot.tokens` in one batch and append it there; returns the
+        logits after each of its tokens (rows of float32), the last also left ready."""
+        raise NotImplementedError
+
+    def _logits(self, slot: S) -> np.ndarray:
+        """The ready logits after the slot's last token (`_has_logits`), as float32."""
+        raise NotImplementedError
+
     def _draw(self, sampling: SamplingParams, prompt: Sequence[int]) -> Draw[S]:
         """The sampler of one reply to `prompt`."""
         raise NotImplementedError
@@ -162,9 +175,21 @@ class SlotEngine(Generic[S]):
                 directory=directory,
             )
 
+    def _open_drafters(self, options: LoadOptions, info: ModelInfo) -> None:
+        """The drafters the options ask for, where this runtime can verify (speculate.py);
+        `info` is the target's, which a draft model must match."""
+        from app.engine.draft_model import drafters_for
+
+        self._pace = Pace()
+        if self._speculates:
+            self._drafters = drafters_for(type(self), options, info)
+
     def unload(self) -> None:
         """Free the model; resident conversations are snapshotted first (an app restart
         then restores them from disk instead of prefilling)."""
+        for drafter in self._drafters:
+            drafter.close()
+        self._drafters = []
         if self._kv is not None:
             for name, slot in self._slots.items():
                 self._save(name, slot)
@@ -358,32 +383,29 @@ class SlotEngine(Generic[S]):
         reused, restored, prefilled = self._sync(held, tokens, cancel, progress, USER_CHUNK)
         prefill_s = time.perf_counter() - start
         text = self._text_stream()
-        draw = self._draw(sampling, tokens)
+        decoder = Decoder(self, self._draw(sampling, tokens), sampling, slot, self._drafters)
+        decoder.pace = self._pace
         generated = 0
         first_at = last_at = None
         reason = FinishReason.LENGTH
         try:
-            while True:
+            while generated < max_tokens:
                 if (cancel is not None and cancel.cancelled) or len(held.tokens) < len(tokens):
                     reason = FinishReason.CANCELLED
                     break
-                if generated >= max_tokens:
-                    break
-                last = generated + 1 >= max_tokens or len(held.tokens) + 1 >= self._n_ctx
-                token = draw.next(held, last)
+                drawn, ended = decoder.next(held, max_tokens - generated)
                 last_at = time.perf_counter()
                 first_at = first_at or last_at
-                if token in self._eog:
-                    draw.take_back(held)
+                for token in drawn:
+                    generated += 1
+                    yield TokenEvent(token, text(token), *decoder.scores())
+                if ended:
                     reason = FinishReason.STOP
                     break
-                generated += 1
-                yield TokenEvent(token, text(token), *draw.scores())
-                if last:
+                if not drawn:  # the context is full
                     break
-                draw.feed(held, token)
         finally:
-            draw.close()
+            decoder.draw.close()
         end = last_at or time.perf_counter()
         ttft = (first_at or end) - start
         decode_s = end - (first_at or end)
@@ -397,4 +419,6 @@ class SlotEngine(Generic[S]):
             decode_s=decode_s,
             finish_reason=reason,
             restored_tokens=restored,
+            drafted_tokens=decoder.counts.drafted,
+            accepted_tokens=decoder.counts.accepted,
         )

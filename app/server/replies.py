@@ -87,9 +87,14 @@ def usage(reply: Reply) -> dict[str, Any]:
     stats = reply.stats
     prompt = stats.prompt_tokens if stats else 0
     generated = len(reply.tokens)
+    drafted, accepted = (stats.drafted_tokens, stats.accepted_tokens) if stats else (0, 0)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": generated,
         "total_tokens": prompt + generated,
         "prompt_tokens_details": {"cached_tokens": stats.reused_tokens if stats else 0},
+        "completion_tokens_details": {  # speculative decoding's drafts, as OpenAI names them
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted,
+        },
     }

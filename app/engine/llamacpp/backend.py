@@ -203,12 +203,11 @@ class _LlamaDraw:
         self,
         chain: LlamaSampler,
         ctx: LlamaContext,
-        forward: Callable[..., None],
         n_vocab: int,
         constraint: Constraint | None = None,
         n_top: int | None = None,  # logprobs asked for, with this many alternatives
     ) -> None:
-        self._chain, self._ctx, self._forward = chain, ctx, forward
+        self._chain, self._ctx = chain, ctx
         self._n_vocab, self._constraint, self._n_top = n_vocab, constraint, n_top
         self._scores: Scores = NO_SCORES
 
@@ -231,9 +230,6 @@ class _LlamaDraw:
 
     def take_back(self, seq: _Sequence) -> None:
         """Nothing to undo: a drawn token is evaluated only once it is kept."""
-
-    def feed(self, seq: _Sequence, token: int) -> None:
-        self._forward(seq, [token], want_logits=True)
 
     def close(self) -> None:
         self._chain.close()
@@ -290,9 +286,11 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
                 llama_cpp.llama_model_is_hybrid(model.ptr)
                 or llama_cpp.llama_model_is_recurrent(model.ptr)
             )
+            self._speculates = self._copies_prefixes  # refused drafts need a cut anywhere
             self._free_seq_ids = list(range(options.n_seq_max))
             self._eog = self._vocab.eog_ids()
             info = self._describe(path, n_ctx_train, self._vocab.n_tokens)
+            self._open_drafters(options, info)
             self._open_store(options, info.fingerprint)
             stack.pop_all()
         self.info = info
@@ -390,7 +388,10 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         mem = llama_cpp.llama_get_memory(self._ctx.ptr)
         llama_cpp.llama_memory_seq_cp(mem, donor.seq_id, seq.seq_id, 0, n)
 
-    def _forward(self, seq: _Sequence, chunk: Sequence[int], *, want_logits: bool) -> None:
+    def _forward(
+        self, seq: _Sequence, chunk: Sequence[int], *, want_logits: bool, every: bool = False
+    ) -> None:
+        """Decode `chunk`; the logits of its last token when wanted, of all with `every`."""
         batch = self._batch.ptr
         pos = len(seq.tokens)
         for i, token in enumerate(chunk):
@@ -398,7 +399,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             batch.pos[i] = pos + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = seq.seq_id
-            batch.logits[i] = 0
+            batch.logits[i] = 1 if every else 0
         batch.logits[len(chunk) - 1] = 1 if want_logits else 0
         batch.n_tokens = len(chunk)
         rc = llama_cpp.llama_decode(self._ctx.ptr, batch)
@@ -410,6 +411,16 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         seq.tokens.extend(chunk)
         self._logits_ready = (seq.seq_id, len(seq.tokens)) if want_logits else None
 
+    def _verify(self, seq: _Sequence, chunk: list[int]) -> np.ndarray:
+        self._forward(seq, chunk, want_logits=True, every=True)
+        pointer = llama_cpp.llama_get_logits(self._ctx.ptr)
+        n_vocab = self.info.n_vocab
+        return np.ctypeslib.as_array(pointer, shape=(len(chunk), n_vocab)).copy()
+
+    def _logits(self, seq: _Sequence) -> np.ndarray:
+        pointer = llama_cpp.llama_get_logits_ith(self._ctx.ptr, -1)
+        return np.ctypeslib.as_array(pointer, shape=(self.info.n_vocab,)).copy()
+
     def _text_stream(self) -> Callable[[int], str]:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         return lambda token: decoder.decode(self.token_bytes(token))
@@ -420,7 +431,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         if sampling.grammar is not None:
             constraint = Constraint(self._grammar_tokenizer(), sampling.grammar, n_vocab)
         chain = self._sampler(sampling, prompt)
-        return _LlamaDraw(chain, self._ctx, self._forward, n_vocab, constraint, sampling.logprobs)
+        return _LlamaDraw(chain, self._ctx, n_vocab, constraint, sampling.logprobs)
 
     def _grammar_tokenizer(self) -> llguidance.LLTokenizer:
         """The vocabulary as the grammar library reads it, built once per loaded model."""

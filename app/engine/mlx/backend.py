@@ -132,10 +132,6 @@ class _MlxDraw:
             del slot.tokens[len(slot.tokens) + 1 - trimmed :]
             slot.logits = None
 
-    def feed(self, slot: _Slot, token: int) -> None:
-        if not self._ahead:
-            self._engine._forward(slot, [token], want_logits=True)
-
     def scores(self) -> Scores:
         return self._scores
 
@@ -163,6 +159,7 @@ class MlxEngine(SlotEngine[_Slot]):
         train = loaded.n_ctx_train
         self._n_ctx = min(options.n_ctx, train) if train > 0 else options.n_ctx
         self._trimmable = can_trim_prompt_cache(make_prompt_cache(loaded.model))
+        self._speculates = self._trimmable  # refused drafts are trimmed from the cache
         self._eog = frozenset(loaded.eog_ids)
         info = ModelInfo(
             path=options.model_path,
@@ -181,6 +178,7 @@ class MlxEngine(SlotEngine[_Slot]):
             backend=self.backend_name,
             size_bytes=loaded.size_bytes,
         )
+        self._open_drafters(options, info)
         self._open_store(
             options, loaded.fingerprint, paths.kv_dir(loaded.fingerprint) / SNAPSHOT_FOLDER
         )
@@ -276,6 +274,22 @@ class MlxEngine(SlotEngine[_Slot]):
             raise EngineError(f"MLX failed to evaluate the prompt: {exc}") from exc
         slot.tokens.extend(chunk)
         slot.logits = logits if want_logits else None
+
+    def _verify(self, slot: _Slot, chunk: list[int]) -> np.ndarray:
+        """All positions' logits: the model call returns them (the projection is computed for
+        every token of the chunk, which is the point)."""
+        try:
+            logits = self._loaded.model(mx.array(chunk)[None], cache=slot.cache)[0]
+            mx.eval(logits, [c.state for c in slot.cache])
+        except (RuntimeError, ValueError, MemoryError) as exc:
+            self._clear(slot)
+            raise EngineError(f"MLX failed to evaluate the reply: {exc}") from exc
+        slot.tokens.extend(chunk)
+        slot.logits = logits[-1]
+        return np.array(logits.astype(mx.float32))
+
+    def _logits(self, slot: _Slot) -> np.ndarray:
+        return np.array(slot.logits.astype(mx.float32))
 
     def _feed_ahead(self, slot: _Slot, sampled: mx.array) -> None:
         """Evaluate a sampled token before its value is read; the draw appends it to

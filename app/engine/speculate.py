@@ -1,0 +1,254 @@
+"""Speculative decoding over a runtime's hooks, for the one generate loop in `slots.py`.
+
+`Decoder` is that loop's token source. A plain step draws one token with the runtime's own
+sampler (`Draw`). A speculative step asks a drafter (`drafting.py`, `draft_model.py`) for k
+tokens, evaluates the pending token and the drafts in one batch (`SlotEngine._verify`: the
+logits of every position), keeps the longest prefix the target agrees with (`acceptance.py`)
+and then the target's own token at the first disagreement, and trims the refused drafts from
+the KV, so the slot holds exactly the tokens handed out and the next turn's prefix matches.
+
+When it pays is measured, not assumed (`Pace`): the seconds of a forward of n tokens, kept
+for the engine's life, and per drafter the drafting seconds and the rate at which its tokens
+are kept, decayed as the reply goes. Each step takes the draft length with the most
+expected tokens per second, and decodes plainly when none beats one token per plain forward.
+A free drafter (prompt lookup) is still scored while it is off, so it comes back when the
+reply starts repeating; a costly one is retried after a back-off that doubles each time.
+
+Speculation stays off where the verify batch cannot give what sampling needs: a grammar (the
+constraint's state advances token by token), repetition penalties (they depend on every
+token before), logprobs, and runtimes whose KV cannot be cut at any position.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from app.engine.acceptance import accept, draw, greedy_token, target_probs
+from app.engine.drafting import Drafter
+from app.engine.logprobs import NO_SCORES, Scores
+from app.engine.protocol import ContextOverflowError, SamplingParams
+
+if TYPE_CHECKING:
+    from app.engine.slots import Draw, Slot, SlotEngine
+
+MAX_DRAFT = {"lookup": 12, "draft": 8}
+DECAY = 0.9  # per verify: how fast old acceptance evidence fades
+PRIOR_KEPT, PRIOR_SEEN = 1.0, 2.0  # a drafter starts believed right half the time
+BACKOFF_START, BACKOFF_MAX = 8, 256  # plain tokens before a costly drafter is tried again
+MARGIN = 1.03  # expected gain a verify must promise over plain decoding
+
+
+def speculates(sampling: SamplingParams) -> bool:
+    """Whether the verify batch gives all this sampling needs (see the module docstring)."""
+    return sampling.grammar is None and not sampling.penalized and sampling.logprobs is None
+
+
+class Pace:
+    """The seconds of one forward of n tokens (a plain decode is n = 1), measured as the
+    engine decodes; lasts as long as the loaded model."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+
+    def observe(self, n: int, seconds: float) -> None:
+        old = self._seconds.get(n)
+        self._seconds[n] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+    def seconds(self, n: int) -> float | None:
+        """Measured, else read off the nearest measured sizes (None: no plain decode yet)."""
+        if n in self._seconds:
+            return self._seconds[n]
+        one = self._seconds.get(1)
+        if one is None:
+            return None
+        below = max((m for m in self._seconds if m < n), default=1)
+        above = min((m for m in self._seconds if m > n), default=None)
+        if above is not None:
+            low, high = self._seconds[below], self._seconds[above]
+            return low + (high - low) * (n - below) / (above - below)
+        slope = (self._seconds[below] - one) / (below - 1) if below > 1 else 0.05 * one
+        return self._seconds[below] + max(slope, 0.0) * (n - below)
+
+
+@dataclass
+class _Odds:
+    """One drafter's record in this reply: how often its tokens are kept, what it costs."""
+
+    drafter: Drafter
+    kept: float = PRIOR_KEPT
+    seen: float = PRIOR_SEEN
+    draft_s: float = 0.0  # seconds per drafted token (0 for a free drafter)
+    wait: int = 0  # plain steps before a costly drafter is tried again
+    backoff: int = BACKOFF_START
+
+    def observe(self, kept: int, refused: bool) -> None:
+        self.kept = DECAY * self.kept + kept
+        self.seen = DECAY * self.seen + kept + int(refused)
+
+    def length(self, pace: Pace, room: int) -> int:
+        """The draft length with the most expected tokens per second, 0 when plain wins."""
+        one = pace.seconds(1)
+        if one is None or room < 2:
+            return 0
+        rate = min(self.kept / self.seen, 0.99)
+        best, best_rate = 0, MARGIN / one
+        for k in range(1, min(MAX_DRAFT.get(self.drafter.name, 8), room - 1) + 1):
+            expected = (1 - rate ** (k + 1)) / (1 - rate)  # kept drafts + the target's own
+            cost = pace.seconds(k + 1) + self.draft_s * k
+            if expected / cost > best_rate:
+                best, best_rate = k, expected / cost
+        return best
+
+
+@dataclass
+class Counts:
+    """What the reply's stats report: drafted tokens verified, and those kept."""
+
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass
+class Decoder:
+    """The reply's token source (see the module docstring). `_pending` is a token handed out
+    but not yet in the slot's KV: the next step evaluates it, alone or before the drafts."""
+
+    engine: SlotEngine[Any]
+    draw: Draw[Any]
+    sampling: SamplingParams
+    name: str  # the slot's
+    drafters: Sequence[Drafter] = ()
+    pace: Pace = field(default_factory=Pace)
+    counts: Counts = field(default_factory=Counts)
+
+    def __post_init__(self) -> None:
+        self._pending: int | None = None
+        self._odds = [_Odds(d) for d in self.drafters] if speculates(self.sampling) else []
+        seed = self.sampling.seed
+        # Its own stream: never the runtime sampler's numbers again (a shared seed would tie
+        # the acceptance draws to the plain draws and bias both).
+        self._rng = np.random.default_rng(None if seed is None else [seed & 0xFFFFFFFF, 0x5EED])
+        self._scores: Scores = NO_SCORES
+
+    def scores(self) -> Scores:
+        return self._scores
+
+    def next(self, slot: Slot, room: int) -> tuple[list[int], bool]:
+        """The reply's next tokens (at most `room`, none when the context is full) and whether
+        an end-of-turn token came after them (not handed out; nothing of it stays in the KV)."""
+        history = slot.tokens if self._pending is None else [*slot.tokens, self._pending]
+        room = min(room, self.engine._n_ctx - len(history))
+        if room <= 0:
+            return [], False
+        guesses: list[tuple[_Odds, int]] = []  # drafts scored against the plain token
+        for odds in self._odds:
+            k = odds.length(self.pace, room)
+            if k == 0 and not odds.drafter.free:
+                if odds.wait > 0:
+                    odds.wait -= 1
+                    continue
+                odds.wait, odds.backoff = odds.backoff, min(odds.backoff * 2, BACKOFF_MAX)
+            drafts = self._propose(odds, history, max(k, 1))
+            if drafts and k > 0:
+                try:
+                    return self._until_end(slot, self._speculate(slot, odds, drafts[:k]))
+                except ContextOverflowError:  # no cells for the batch: decode plainly
+                    self._odds = []
+                    break
+            if drafts:
+                guesses.append((odds, drafts[0]))
+        tokens, ended = self._plain(slot, room)
+        for odds, guess in guesses:
+            right = tokens[:1] == [guess]
+            odds.observe(int(right), not right)
+        return tokens, ended
+
+    def _propose(self, odds: _Odds, history: Sequence[int], k: int) -> list[int]:
+        started = time.perf_counter()
+        drafts = odds.drafter.propose(self.name, history, k)
+        if drafts and not odds.drafter.free:
+            spent = (time.perf_counter() - started) / len(drafts)
+            odds.draft_s = spent if not odds.draft_s else 0.7 * odds.draft_s + 0.3 * spent
+        return drafts
+
+    def _plain(self, slot: Slot, room: int) -> tuple[list[int], bool]:
+        started = time.perf_counter()
+        forwarded = self._pending is not None
+        if forwarded:
+            self.engine._forward(slot, [self._pending], want_logits=True)
+            self._pending = None
+        held = len(slot.tokens)
+        token = self.draw.next(slot, room <= 1)
+        fed = len(slot.tokens) > held  # evaluated ahead (MLX): the wait was for a forward
+        if forwarded or fed:
+            self.pace.observe(1, time.perf_counter() - started)
+        self._scores = self.draw.scores()
+        if token in self.engine._eog:
+            if fed:
+                self.draw.take_back(slot)
+            return [], True
+        self._pending = None if fed else token
+        return [token], False
+
+    def _speculate(self, slot: Slot, odds: _Odds, drafts: list[int]) -> list[int]:
+        """One verify: the kept drafts and the target's own next token (left pending)."""
+        started = time.perf_counter()
+        out: list[int] = []
+        if self._pending is None:  # the logits after the slot are ready: judge the first draft
+            token = self._judge(self.engine._logits(slot), drafts[0])
+            self.counts.drafted += 1
+            if token != drafts[0]:
+                odds.observe(0, True)
+                self._pending = token
+                return [token]
+            self.counts.accepted += 1
+            out, self._pending, drafts = [token], token, drafts[1:]
+            if not drafts:
+                odds.observe(1, False)
+                return out
+        batch = [self._pending, *drafts]
+        rows = self.engine._verify(slot, batch)
+        kept = 0
+        for i, draft in enumerate(drafts):
+            token = self._judge(rows[i], draft)
+            if token != draft:
+                break
+            kept += 1
+        else:
+            token = self._judge(rows[len(drafts)], None)
+        if kept < len(drafts):
+            self.engine._clear(slot, len(slot.tokens) - (len(drafts) - kept))
+        self.pace.observe(len(batch), time.perf_counter() - started)
+        self.counts.drafted += len(drafts)
+        self.counts.accepted += kept
+        odds.observe(kept + len(out), kept < len(drafts))
+        odds.wait, odds.backoff = 0, BACKOFF_START
+        self._pending = token
+        return [*out, *drafts[:kept], token]
+
+    def _judge(self, logits: np.ndarray, draft: int | None) -> int:
+        """The target's token after `logits`: `draft` itself when the rule keeps it."""
+        if self.sampling.temperature <= 0:
+            return greedy_token(logits, self.sampling)
+        p = target_probs(logits, self.sampling)
+        if draft is None:
+            return draw(p, self._rng)
+        replaced = accept(p, draft, self._rng)
+        return draft if replaced is None else replaced
+
+    def _until_end(self, slot: Slot, tokens: list[int]) -> tuple[list[int], bool]:
+        """Cut at the first end-of-turn token, and drop it and what followed from the KV
+        (every token but the pending last one is already evaluated)."""
+        for i, token in enumerate(tokens):
+            if token in self.engine._eog:
+                evaluated = len(tokens) - 1 - i  # of the end token and those after it
+                if evaluated:
+                    self.engine._clear(slot, len(slot.tokens) - evaluated)
+                self._pending = None
+                return tokens[:i], True
+        return tokens, False

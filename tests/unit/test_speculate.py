@@ -1,0 +1,240 @@
+"""Speculative decoding's rules on synthetic models: the acceptance rule keeps the target's
+distribution, prompt lookup drafts what followed the last n-gram, and the decoder over a
+tiny Markov "model" gives plain decoding's tokens at temperature 0, its distribution with
+sampling, and leaves the KV holding exactly the tokens handed out."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from app.engine.acceptance import accept, target_probs
+from app.engine.drafting import PromptLookup
+from app.engine.logprobs import NO_SCORES, Scores
+from app.engine.protocol import (
+    LoadOptions,
+    ModelInfo,
+    SamplingParams,
+    TokenEvent,
+)
+from app.engine.slots import Slot, SlotEngine
+from app.engine.speculate import Pace
+
+SEEDS = range(4000)
+
+
+def total_variation(counts: Counter, p: dict, n: int) -> float:
+    keys = set(counts) | set(p)
+    return 0.5 * sum(abs(counts.get(k, 0) / n - p.get(k, 0.0)) for k in keys)
+
+
+@pytest.mark.parametrize("q", [None, np.array([0.1, 0.6, 0.2, 0.1])])
+def test_accepted_or_replaced_tokens_follow_the_target(q):
+    p = np.array([0.5, 0.1, 0.3, 0.1])
+    rng = np.random.default_rng(1)
+    counts: Counter = Counter()
+    n = 20_000
+    for _ in range(n):
+        x = 1 if q is None else int(rng.choice(4, p=q))  # the drafter's guess
+        replaced = accept(p, x, rng, q)
+        counts[x if replaced is None else replaced] += 1
+    assert total_variation(counts, dict(enumerate(p)), n) < 0.015
+    if q is None:  # a sure guess is kept with probability p(x)
+        assert abs(counts[1] / n - 0.1) < 0.01
+
+
+def test_target_probs_follow_the_chain_order():
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.06, 0.04]))
+    keep_all = SamplingParams(temperature=1.0, top_p=1.0, min_p=0.0, top_k=0)
+    assert np.allclose(target_probs(logits, keep_all), [0.4, 0.3, 0.2, 0.06, 0.04])
+    top_p = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.65, min_p=0.0))
+    assert np.allclose(top_p, [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0])  # up to the token reaching 0.65
+    min_p = target_probs(logits, SamplingParams(temperature=1.0, top_p=1.0, min_p=0.2))
+    assert np.allclose(min_p, [0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0, 0])  # >= 0.2 * 0.4
+    top_k = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.55, min_p=0, top_k=2))
+    assert np.allclose(top_k, [1.0, 0, 0, 0, 0])  # top-p over what top-k kept: 0.4/0.7 >= 0.55
+    hot = target_probs(logits, SamplingParams(temperature=2.0, top_p=1.0, min_p=0.0))
+    assert np.allclose(
+        hot, np.sqrt([0.4, 0.3, 0.2, 0.06, 0.04]) / np.sqrt([0.4, 0.3, 0.2, 0.06, 0.04]).sum()
+    )
+    biased = target_probs(
+        logits, SamplingParams(temperature=1.0, top_p=1.0, min_p=0.0, logit_bias=((4, -100.0),))
+    )
+    assert biased[4] < 1e-30
+
+
+def test_prompt_lookup_drafts_what_followed_the_longest_match():
+    lookup = PromptLookup()
+    history = [1, 2, 3, 4, 5, 9, 9, 2, 3, 4]
+    assert lookup.propose("a", history, 3) == [5, 9, 9]  # "2 3 4" was followed by 5 9 9
+    assert lookup.propose("a", [*history, 5], 2) == [9, 9]  # extended: the index grows
+    assert lookup.propose("a", [7, 8], 3) == []  # another branch: indexed afresh, no match
+    assert lookup.propose("b", [1, 2, 1, 2, 1, 2], 4) == [1, 2]  # latest: up to the end
+
+
+# -- the decoder over a tiny Markov model ---------------------------------------------------
+
+VOCAB = 4
+EOG = 3
+TABLE = np.log(
+    np.array(
+        [  # next-token distribution after each token; token 3 ends the turn
+            [0.05, 0.6, 0.3, 0.05],
+            [0.5, 0.05, 0.4, 0.05],
+            [0.7, 0.2, 0.05, 0.05],
+            [0.25, 0.25, 0.25, 0.25],
+        ]
+    )
+)
+
+
+class _FixedPace(Pace):
+    """Forwards cost what a CPU's roughly do (a batch of n: 1 + 0.1 (n - 1)), whatever the
+    wall clock of this fake says, so the decoder's choices are the same on every run."""
+
+    def observe(self, n: int, seconds: float) -> None: ...
+
+    def seconds(self, n: int) -> float:
+        return 1.0 + 0.1 * (n - 1)
+
+
+@dataclass(kw_only=True)
+class _FakeSlot(Slot):
+    logits: bool = False
+
+
+class _Draw:
+    def __init__(self, engine: MarkovEngine, sampling: SamplingParams) -> None:
+        self._engine, self._sampling = engine, sampling
+        self._rng = np.random.default_rng(sampling.seed)
+
+    def next(self, slot: _FakeSlot, last: bool) -> int:
+        logits = TABLE[slot.tokens[-1]]
+        if self._sampling.temperature <= 0:
+            return int(np.argmax(logits))
+        return int(self._rng.choice(VOCAB, p=target_probs(logits, self._sampling)))
+
+    def take_back(self, slot: _FakeSlot) -> None: ...
+
+    def scores(self) -> Scores:
+        return NO_SCORES
+
+    def close(self) -> None: ...
+
+
+class MarkovEngine(SlotEngine[_FakeSlot]):
+    """A 'model' whose next-token logits depend on the last token only; it records batches."""
+
+    def __init__(self, speculation: str) -> None:
+        super().__init__()
+        self._options = LoadOptions("markov", n_ctx=512, speculation=speculation)
+        self._n_ctx, self._eog, self._speculates = 512, frozenset({EOG}), True
+        self.verified: list[int] = []
+        self._open_drafters(self._options, None)
+        self._pace = _FixedPace()
+        self.info = ModelInfo(
+            "markov",
+            "markov",
+            "f",
+            "markov",
+            512,
+            512,
+            VOCAB,
+            None,
+            "",
+            "",
+            False,
+            None,
+            (EOG,),
+            "fake",
+            0,
+        )
+
+    def _new_slot(self) -> _FakeSlot:
+        return _FakeSlot()
+
+    def _trim(self, slot: _FakeSlot, keep: int) -> int:
+        slot.logits = False
+        return keep
+
+    def _has_logits(self, slot: _FakeSlot) -> bool:
+        return slot.logits
+
+    def _serialize(self, name: str, slot: _FakeSlot) -> None:
+        return None
+
+    def _forward(self, slot: _FakeSlot, chunk: list[int], *, want_logits: bool) -> None:
+        slot.tokens.extend(chunk)
+        slot.logits = want_logits
+
+    def _verify(self, slot: _FakeSlot, chunk: list[int]) -> np.ndarray:
+        self.verified.append(len(chunk))
+        self._forward(slot, chunk, want_logits=True)
+        return TABLE[chunk].astype(np.float32)
+
+    def _logits(self, slot: _FakeSlot) -> np.ndarray:
+        return TABLE[slot.tokens[-1]].astype(np.float32)
+
+    def _draw(self, sampling: SamplingParams, prompt: Sequence[int]) -> _Draw:
+        return _Draw(self, sampling)
+
+    def _text_stream(self) -> Callable[[int], str]:
+        return str
+
+
+def reply(
+    engine: MarkovEngine, prompt: list[int], sampling: SamplingParams, n: int, slot: str = "s"
+):
+    events = list(engine.generate(prompt, sampling, n, slot=slot))
+    tokens = [e.token_id for e in events if isinstance(e, TokenEvent)]
+    return tokens, events[-1]
+
+
+REPEATING = [0, 1, 2, 0, 1, 2, 0, 1, 0, 1, 2, 0, 1, 2, 0]
+
+
+def test_greedy_speculation_gives_plain_decodings_tokens_and_exact_kv():
+    plain, spec = MarkovEngine("off"), MarkovEngine("lookup")
+    want, _ = reply(plain, REPEATING, SamplingParams.greedy(), 40)
+    got, stats = reply(spec, REPEATING, SamplingParams.greedy(), 40)
+    assert got == want
+    assert spec.verified and stats.drafted_tokens > 0 and stats.accepted_tokens > 0
+    held = spec.resident_tokens("s")
+    assert held == (REPEATING + got)[: len(held)] and len(held) >= len(REPEATING) + len(got) - 1
+
+
+def test_sampled_speculation_keeps_the_target_distribution():
+    """Three tokens after REPEATING, over many seeds, against the Markov chain's own odds."""
+    exact: dict[tuple[int, ...], float] = {}
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, min_p=0.0)
+    p = np.exp(TABLE)
+
+    def walk(prefix: tuple[int, ...], prob: float) -> None:
+        if len(prefix) == 3 or (prefix and prefix[-1] == EOG):
+            key = prefix[:-1] if prefix and prefix[-1] == EOG else prefix
+            exact[key] = exact.get(key, 0.0) + prob
+            return
+        last = prefix[-1] if prefix else REPEATING[-1]
+        for t in range(VOCAB):
+            walk((*prefix, t), prob * p[last, t])
+
+    walk((), 1.0)
+    spec = MarkovEngine("lookup")
+    counts: Counter = Counter()
+    drafted = 0
+    for seed in SEEDS:
+        tokens, stats = reply(
+            spec,
+            REPEATING,
+            SamplingParams(**{**sampling.__dict__, "seed": seed}),
+            3,
+            f"s{seed % 3}",
+        )
+        counts[tuple(tokens)] += 1
+        drafted += stats.drafted_tokens
+    assert drafted > len(SEEDS) / 2  # most replies were drafted
+    assert total_variation(counts, exact, len(SEEDS)) < 0.04
