@@ -14,7 +14,7 @@ from app.conversations.errors import (
     UnknownConversationError,
     UnknownMessageError,
 )
-from app.conversations.models import Conversation, Message, Role, SearchHit, Status
+from app.conversations.models import Conversation, Message, Role, SearchHit, Status, ToolCall
 from app.conversations.store import ConversationStore
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "StoreError",
     "StoreFullError",
     "StoreLockedError",
+    "ToolCall",
     "UnknownConversationError",
     "UnknownMessageError",
 ]

@@ -9,8 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Role = Literal["user", "assistant"]
+Role = Literal["user", "assistant", "tool"]  # tool: one function call's result
 Status = Literal["complete", "streaming", "interrupted", "error"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call an assistant message makes, as the OpenAI API writes it: the id its
+    result names, the function, and the arguments as the JSON text they came as."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def record(self) -> dict[str, str]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,9 @@ class Message:
     created_at: float
     updated_at: float
     attachments: list[dict] | None = None  # files sent with a user message (schema v4)
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls an assistant message makes (schema v5)
+    tool_call_id: str | None = None  # a tool message: the call it is the result of
+    tool_name: str | None = None  # a tool message: the function that was called
 
 
 @dataclass(frozen=True)

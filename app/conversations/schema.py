@@ -98,11 +98,66 @@ ALTER TABLE messages ADD COLUMN attachments TEXT;
 ALTER TABLE conversations ADD COLUMN imported_at REAL;
 """
 
+# Tool calls: an assistant message's calls (JSON: id, name, arguments as JSON text) and the
+# 'tool' role, whose message is one call's result (its text, the call's id, the function's
+# name). SQLite cannot change a CHECK constraint in place, so messages is rebuilt the way
+# sqlite.org/lang_altertable.html#otheralter says (migrate() turns foreign keys off around
+# it, or dropping the old table would cascade into the new one): every row keeps its seq,
+# so the search index, keyed on seq, stays valid; the indexes and the search triggers, which
+# went with the old table, are made again as they were.
+_V5_TOOLS = """
+CREATE TABLE messages_v5 (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    parent_id TEXT REFERENCES messages(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool')),
+    content TEXT NOT NULL,
+    token_ids BLOB,
+    tokens_fingerprint TEXT,
+    status TEXT NOT NULL CHECK (status IN ('complete', 'streaming', 'interrupted', 'error')),
+    finish_reason TEXT,
+    stats TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    writer TEXT,
+    attachments TEXT,
+    tool_calls TEXT,
+    tool_call_id TEXT,
+    tool_name TEXT
+);
+INSERT INTO messages_v5 (seq, id, conversation_id, parent_id, role, content, token_ids,
+    tokens_fingerprint, status, finish_reason, stats, created_at, updated_at, writer,
+    attachments)
+    SELECT seq, id, conversation_id, parent_id, role, content, token_ids, tokens_fingerprint,
+    status, finish_reason, stats, created_at, updated_at, writer, attachments FROM messages;
+DROP TABLE messages;
+ALTER TABLE messages_v5 RENAME TO messages;
+CREATE INDEX messages_by_parent ON messages(conversation_id, parent_id);
+CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming';
+CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
+WHEN new.status != 'streaming' BEGIN
+    INSERT INTO messages_fts(rowid, content) VALUES (new.seq, new.content);
+END;
+CREATE TRIGGER messages_fts_update AFTER UPDATE OF content, status ON messages
+WHEN old.status != 'streaming' OR new.status != 'streaming' BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content)
+        SELECT 'delete', old.seq, old.content WHERE old.status != 'streaming';
+    INSERT INTO messages_fts(rowid, content)
+        SELECT new.seq, new.content WHERE new.status != 'streaming';
+END;
+CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
+WHEN old.status != 'streaming' BEGIN
+    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.seq, old.content);
+END;
+"""
+
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1_TABLES),
     (2, _V2_SEARCH),
     (3, _V3_WRITERS),
     (4, _V4_ATTACHMENTS),
+    (5, _V5_TOOLS),
 )
 LATEST = MIGRATIONS[-1][0]
 
@@ -115,24 +170,47 @@ def migrate(conn: sqlite3.Connection, target: int = LATEST) -> None:
     """Bring the database up to `target`. `conn` must be in autocommit mode.
 
     The version is read again under the write lock, so two processes opening an old database
-    at once do not both apply the same migration.
+    at once do not both apply the same migration. Foreign keys are off while migrations run
+    (a table rebuild must not cascade; SQLite ignores the switch inside a transaction) and
+    checked before each commit, so a migration that would leave a dangling reference rolls
+    back instead.
     """
     if version(conn) >= target:
         return
-    for number, script in MIGRATIONS:
-        if number > target:
-            break
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if version(conn) < number:
-                for statement in _statements(script):
-                    conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {number}")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+    enforced = conn.execute("PRAGMA foreign_keys").fetchone()[0]
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        for number, script in MIGRATIONS:
+            if number > target:
+                break
+            _apply(conn, number, script)
+    finally:
+        conn.execute(f"PRAGMA foreign_keys = {'ON' if enforced else 'OFF'}")
+
+
+def _apply(conn: sqlite3.Connection, number: int, script: str) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if version(conn) < number:
+            dangling = _dangling(conn)
+            for statement in _statements(script):
+                conn.execute(statement)
+            if _dangling(conn) > dangling:
+                raise sqlite3.IntegrityError(
+                    f"schema migration {number} would leave references to rows that are gone"
+                )
+            conn.execute(f"PRAGMA user_version = {number}")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _dangling(conn: sqlite3.Connection) -> int:
+    """References to missing rows (a file written with foreign keys off may hold some
+    already; a migration may add none)."""
+    return len(conn.execute("PRAGMA foreign_key_check").fetchall())
 
 
 def _statements(script: str) -> Iterator[str]:

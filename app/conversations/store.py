@@ -13,34 +13,27 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import sys
 import time
 import uuid
-from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import fields
 from pathlib import Path
 from types import TracebackType
 from typing import Any, get_args
 
 from app import paths
-from app.conversations import database, leases
+from app.conversations import database, leases, rows
 from app.conversations.errors import (
     CorruptDatabaseError,
     UnknownConversationError,
     UnknownMessageError,
 )
-from app.conversations.models import Conversation, Message, Role, SearchHit, Status
+from app.conversations.models import Conversation, Message, Role, SearchHit, Status, ToolCall
 
 ROLES: tuple[str, ...] = get_args(Role)
 STATUSES: tuple[str, ...] = get_args(Status)
 TITLE_LENGTH = 60
 
-_CONVERSATION_FIELDS = tuple(field.name for field in fields(Conversation))
-_MESSAGE_FIELDS = tuple(field.name for field in fields(Message))
-_CONVERSATION_COLUMNS = ", ".join(_CONVERSATION_FIELDS)
-_MESSAGE_COLUMNS = ", ".join(f"m.{name}" for name in _MESSAGE_FIELDS)
 _ID_PREFIX = re.compile(r"[0-9a-f]{4,32}")
 
 
@@ -164,7 +157,7 @@ class ConversationStore:
             model=model,
         )
         self._execute(
-            f"INSERT INTO conversations ({_CONVERSATION_COLUMNS}) "
+            f"INSERT INTO conversations ({rows.CONVERSATION_COLUMNS}) "
             "VALUES (?, ?, ?, ?, 0, NULL, ?, ?, NULL, '', ?, NULL)",
             (
                 conversation.id,
@@ -182,39 +175,39 @@ class ConversationStore:
         """By full id or, like git, by a unique prefix of at least 4 characters."""
         full_id = self._resolve(conversation_id)
         row = self._execute(
-            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", (full_id,)
+            f"SELECT {rows.CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", (full_id,)
         ).fetchone()
-        return _conversation(row)
+        return rows.conversation_of(row)
 
     def list_conversations(
         self, include_deleted: bool = False, limit: int | None = None
     ) -> list[Conversation]:
         """Pinned first, then most recently updated: the order of the sidebar."""
         where = "" if include_deleted else "WHERE deleted_at IS NULL"
-        rows = self._execute(
-            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations {where} "
+        found = self._execute(
+            f"SELECT {rows.CONVERSATION_COLUMNS} FROM conversations {where} "
             "ORDER BY pinned DESC, updated_at DESC LIMIT ?",
             (-1 if limit is None else limit,),
         ).fetchall()
-        return [_conversation(row) for row in rows]
+        return [rows.conversation_of(row) for row in found]
 
     def most_recent_empty(self) -> Conversation | None:
         """The latest conversation with no message and no draft: where "New chat" goes, so
         untouched conversations do not pile up in the sidebar."""
         row = self._execute(
-            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations c WHERE deleted_at IS NULL "
+            f"SELECT {rows.CONVERSATION_COLUMNS} FROM conversations c WHERE deleted_at IS NULL "
             "AND draft = '' AND NOT EXISTS (SELECT 1 FROM messages m "
             "WHERE m.conversation_id = c.id) ORDER BY updated_at DESC LIMIT 1"
         ).fetchone()
-        return None if row is None else _conversation(row)
+        return None if row is None else rows.conversation_of(row)
 
     def most_recent(self) -> Conversation | None:
         """The conversation to reopen at start-up, pinned or not."""
         row = self._execute(
-            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE deleted_at IS NULL "
+            f"SELECT {rows.CONVERSATION_COLUMNS} FROM conversations WHERE deleted_at IS NULL "
             "ORDER BY updated_at DESC LIMIT 1"
         ).fetchone()
-        return None if row is None else _conversation(row)
+        return None if row is None else rows.conversation_of(row)
 
     def rename(self, conversation_id: str, title: str) -> None:
         self._set(conversation_id, "title", title)
@@ -269,19 +262,28 @@ class ConversationStore:
         finish_reason: str | None = None,
         stats: dict | None = None,
         attachments: list[dict] | None = None,
+        tool_calls: Sequence[ToolCall] = (),
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
     ) -> Message:
         """Append a message under `parent_id` (None: a root) and make it the current leaf.
 
         A second child of the same parent is an edit (user) or a regeneration (assistant).
+        Tool calls belong to assistant messages; a tool message is one call's result, named
+        by the call's id and the function's name.
         """
         _check(role, ROLES, "role")
         _check(status, STATUSES, "status")
+        if tool_calls and role != "assistant":
+            raise ValueError("only an assistant message makes tool calls")
+        if (tool_call_id is not None or tool_name is not None) and role != "tool":
+            raise ValueError("only a tool message answers a tool call")
         now = time.time()
         with self._transaction():
             full_id = self._resolve(conversation_id)
             if parent_id is not None:
                 self._check_in_conversation(parent_id, full_id)
-            message = _new_message(
+            message = rows.new_message(
                 full_id,
                 parent_id,
                 role,
@@ -293,6 +295,9 @@ class ConversationStore:
                 finish_reason=finish_reason,
                 stats=stats,
                 attachments=attachments or None,
+                tool_calls=tuple(tool_calls),
+                tool_call_id=tool_call_id,
+                tool_name=tool_name,
             )
             self._insert(message)
         return message
@@ -311,9 +316,9 @@ class ConversationStore:
                 "SELECT current_leaf_id FROM conversations WHERE id = ?", (full_id,)
             ).fetchone()[0]
             if leaf_id is not None:
-                leaf = _message(
+                leaf = rows.message_of(
                     self._conn.execute(
-                        f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?", (leaf_id,)
+                        f"SELECT {rows.MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?", (leaf_id,)
                     ).fetchone()
                 )
                 same = leaf.content == content and leaf.attachments == (attachments or None)
@@ -321,7 +326,7 @@ class ConversationStore:
                     return leaf
                 if leaf.role == "user":
                     leaf_id = self._insert_no_reply(leaf, now)
-            message = _new_message(
+            message = rows.new_message(
                 full_id, leaf_id, "user", content, now, attachments=attachments or None
             )
             self._insert(message)
@@ -331,7 +336,7 @@ class ConversationStore:
         """An empty interrupted reply under a user message that never got one (the app died
         before its reply began, or the context was full), so the tree keeps alternating, the
         next prompt says no answer came, and Continue can still answer it. Its id."""
-        gap = _new_message(
+        gap = rows.new_message(
             user.conversation_id,
             user.id,
             "assistant",
@@ -348,24 +353,9 @@ class ConversationStore:
         title = self._auto_title(message.conversation_id, message)
         writer = self._lease.id if self._lease and message.status == "streaming" else None
         self._conn.execute(
-            f"INSERT INTO messages ({', '.join(_MESSAGE_FIELDS)}, writer) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                message.id,
-                message.conversation_id,
-                message.parent_id,
-                message.role,
-                message.content,
-                _pack(message.token_ids),
-                message.tokens_fingerprint,
-                message.status,
-                message.finish_reason,
-                _dumps(message.stats),
-                message.created_at,
-                message.updated_at,
-                None if message.attachments is None else json.dumps(message.attachments),
-                writer,
-            ),
+            f"INSERT INTO messages ({', '.join(rows.MESSAGE_FIELDS)}, writer) "
+            f"VALUES ({', '.join('?' * (len(rows.MESSAGE_FIELDS) + 1))})",
+            (*rows.message_row(message), writer),
         )
         self._conn.execute(
             "UPDATE conversations SET current_leaf_id = ?, updated_at = ?, "
@@ -390,11 +380,11 @@ class ConversationStore:
             _check(status, STATUSES, "status")
         changes: dict[str, Any] = {
             "content": content,
-            "token_ids": None if token_ids is None else _pack(token_ids),
+            "token_ids": None if token_ids is None else rows.pack(token_ids),
             "tokens_fingerprint": tokens_fingerprint,
             "status": status,
             "finish_reason": finish_reason,
-            "stats": _dumps(stats),
+            "stats": rows.dumps(stats),
         }
         changes = {name: value for name, value in changes.items() if value is not None}
         if status == "streaming" and self._lease is not None:
@@ -409,27 +399,27 @@ class ConversationStore:
 
     def get_message(self, message_id: str) -> Message:
         row = self._execute(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?", (message_id,)
+            f"SELECT {rows.MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?", (message_id,)
         ).fetchone()
         if row is None:
             raise UnknownMessageError(message_id)
-        return _message(row)
+        return rows.message_of(row)
 
     def path_to(self, message_id: str) -> list[Message]:
         """Root..message: the branch the model sees as the conversation."""
-        rows = self._execute(
+        found = self._execute(
             "WITH RECURSIVE up(id, depth) AS ("
             " SELECT ?, 0"
             " UNION ALL"
             " SELECT m.parent_id, up.depth + 1 FROM messages m JOIN up ON m.id = up.id"
             " WHERE m.parent_id IS NOT NULL"
-            f") SELECT {_MESSAGE_COLUMNS} FROM up JOIN messages m ON m.id = up.id"
+            f") SELECT {rows.MESSAGE_COLUMNS} FROM up JOIN messages m ON m.id = up.id"
             " ORDER BY up.depth DESC",
             (message_id,),
         ).fetchall()
-        if not rows:
+        if not found:
             raise UnknownMessageError(message_id)
-        return [_message(row) for row in rows]
+        return [rows.message_of(row) for row in found]
 
     def current_path(self, conversation_id: str) -> list[Message]:
         leaf = self.get_conversation(conversation_id).current_leaf_id
@@ -438,12 +428,12 @@ class ConversationStore:
     def children(self, message_id: str | None, conversation_id: str) -> list[Message]:
         """Replies to `message_id` (None: the roots), oldest first."""
         full_id = self._resolve(conversation_id)
-        rows = self._execute(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages m "
+        found = self._execute(
+            f"SELECT {rows.MESSAGE_COLUMNS} FROM messages m "
             "WHERE m.conversation_id = ? AND m.parent_id IS ? ORDER BY m.created_at, m.seq",
             (full_id, message_id),
         ).fetchall()
-        return [_message(row) for row in rows]
+        return [rows.message_of(row) for row in found]
 
     def siblings(self, message_id: str) -> tuple[list[Message], int]:
         """The message's alternatives (itself included) and its index, for "< 2/3 >"."""
@@ -470,11 +460,11 @@ class ConversationStore:
             " UNION ALL"
             " SELECT m.id FROM messages m JOIN down"
             " ON m.conversation_id = ? AND m.parent_id = down.id"
-            f") SELECT {_MESSAGE_COLUMNS} FROM down JOIN messages m ON m.id = down.id"
+            f") SELECT {rows.MESSAGE_COLUMNS} FROM down JOIN messages m ON m.id = down.id"
             " ORDER BY m.created_at DESC, m.seq DESC LIMIT 1",
             (message_id, message.conversation_id),
         ).fetchone()
-        return _message(row)
+        return rows.message_of(row)
 
     def recover_interrupted(self) -> int:
         """Mark replies left 'streaming' by a process that is gone as 'interrupted' (their text
@@ -621,78 +611,6 @@ class ConversationStore:
             (conversation_id, conversation_id),
         ).fetchone()
         return _title_from(message.content) if row[0] else None
-
-
-def _new_message(
-    conversation_id: str,
-    parent_id: str | None,
-    role: str,
-    content: str,
-    now: float,
-    *,
-    token_ids: list[int] | None = None,
-    tokens_fingerprint: str | None = None,
-    status: str = "complete",
-    finish_reason: str | None = None,
-    stats: dict | None = None,
-    attachments: list[dict] | None = None,
-) -> Message:
-    """A message not yet stored, with a fresh id, created and updated `now`."""
-    return Message(
-        id=uuid.uuid4().hex,
-        conversation_id=conversation_id,
-        parent_id=parent_id,
-        role=role,
-        content=content,
-        token_ids=token_ids,
-        tokens_fingerprint=tokens_fingerprint,
-        status=status,
-        finish_reason=finish_reason,
-        stats=stats,
-        created_at=now,
-        updated_at=now,
-        attachments=attachments,
-    )
-
-
-def _conversation(row: tuple) -> Conversation:
-    values = dict(zip(_CONVERSATION_FIELDS, row, strict=True))
-    values["pinned"] = bool(values["pinned"])
-    values["sampling"] = json.loads(values["sampling"])
-    return Conversation(**values)
-
-
-def _message(row: tuple) -> Message:
-    values = dict(zip(_MESSAGE_FIELDS, row, strict=True))
-    values["token_ids"] = _unpack(values["token_ids"])
-    values["stats"] = None if values["stats"] is None else json.loads(values["stats"])
-    if values["attachments"] is not None:
-        values["attachments"] = json.loads(values["attachments"])
-    return Message(**values)
-
-
-def _pack(token_ids: list[int] | None) -> bytes | None:
-    """uint32 little-endian, whatever the machine."""
-    if token_ids is None:
-        return None
-    packed = array("I", token_ids)
-    if sys.byteorder == "big":
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def _unpack(blob: bytes | None) -> list[int] | None:
-    if blob is None:
-        return None
-    unpacked = array("I")
-    unpacked.frombytes(blob)
-    if sys.byteorder == "big":
-        unpacked.byteswap()
-    return unpacked.tolist()
-
-
-def _dumps(value: dict | None) -> str | None:
-    return None if value is None else json.dumps(value)
 
 
 def _check(value: str, allowed: tuple[str, ...], name: str) -> None:

@@ -220,7 +220,7 @@ def _break(data: dict[str, Any], how: str) -> None:
         ("no conversation", "no conversation section"),
         ("no messages", "no list of messages"),
         ("missing content", "Message 2 is missing content."),
-        ("role", "Message 1 has the role 'system'; expected one of user, assistant."),
+        ("role", "Message 1 has the role 'system'; expected one of user, assistant, tool."),
         ("status", "Message 1 has an unknown status 'done'."),
         ("token ids", "Message 2's token_ids must be a list of token ids."),
         ("duplicate", "Message 3 repeats the id"),
