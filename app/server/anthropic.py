@@ -12,7 +12,13 @@ the KV), the same grammar for `any`/`tool` choices. The reply comes back as cont
 tool_use, and `usage.cache_read_input_tokens` = the prompt tokens whose KV was reused
 (`input_tokens` counts only the rest, as Anthropic's do). Streaming sends Anthropic's event
 sequence: message_start, content_block_start / content_block_delta (text_delta,
-thinking_delta, input_json_delta) / content_block_stop per block, message_delta, message_stop.
+thinking_delta, input_json_delta) / content_block_stop per block, message_delta, message_stop;
+a tool call's input streams as the model writes it (tool_replies.ToolStream), its block
+opened once the function's name is known.
+
+Errors on these routes come in Anthropic's shape (errors.py): `{"type": "error", "error":
+{"type": "invalid_request_error" | "authentication_error" | ..., "message": ...}}` with the
+status its SDKs map to their exception classes; once a stream has begun, as an `error` event.
 """
 
 from __future__ import annotations
@@ -25,18 +31,24 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from app.engine.protocol import EngineError
-from app.server.errors import ApiError, invalid
+from app.server.errors import ApiError, Shape, invalid
 from app.server.http import engine_error
 from app.server.replay import ReasoningSplitter
 from app.server.replies import Reply, finish_reason
 from app.server.schema import parse_chat
-from app.server.tool_replies import ToolStream
+from app.server.tool_replies import CallDelta, ToolStream
 from app.server.tools import ToolCall
 
 if TYPE_CHECKING:
     from app.server.app import ApiServer, _Job
 
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+_ROUTES = ("/messages", "/messages/count_tokens")
+
+
+def error_shape(path: str) -> Shape:
+    """Anthropic's error shape on its routes (with or without /v1), OpenAI's elsewhere."""
+    return "anthropic" if path.removeprefix("/v1").rstrip("/") in _ROUTES else "openai"
 
 
 def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -240,25 +252,30 @@ class AnthropicApi:
         await response.prepare(request)
         blocks = _Blocks(response)
         splitter = ReasoningSplitter(opened=job.reasoning_opened)
-        calls_text = ToolStream(job.syntax) if job.tools.active else None
+        calls_text = ToolStream(job.syntax, job.tools) if job.tools.active else None
         reply = Reply(job.params.stop)
+
+        async def add(reasoning: str, text: str) -> None:
+            await blocks.add(reasoning, calls_text.feed(text) if calls_text else text)
+            if calls_text is not None:
+                await blocks.tool_use(calls_text.deltas())
+
         try:
             start = self._message(job)
             start["usage"] = {"input_tokens": len(job.prompt), "output_tokens": 0}
             await blocks.event("message_start", {"message": start})
             async with contextlib.aclosing(self.server._run(job, slot, held, reply)) as events:
                 async for piece, _ in events:
-                    reasoning, text = splitter.feed(piece)
-                    await blocks.add(reasoning, calls_text.feed(text) if calls_text else text)
-            reasoning, text = splitter.finish()
-            await blocks.add(reasoning, calls_text.feed(text) if calls_text else text)
-            _, _, calls = self.server._finish_reply(job, reply)
+                    await add(*splitter.feed(piece))
+            await add(*splitter.finish())
+            streamed = None
             if calls_text is not None:
-                text, held_text = calls_text.finish()
-                await blocks.add("", text if calls else text + held_text)
+                text, deltas, content, calls = calls_text.close()
+                await blocks.add("", text)
+                await blocks.tool_use(deltas)
+                streamed = (content, calls)
+            _, _, calls = self.server._finish_reply(job, reply, streamed)
             await blocks.close()
-            for call in calls:
-                await blocks.tool_use(call)
             delta = {"stop_reason": _stop_reason(reply, calls), "stop_sequence": reply.matched}
             await blocks.event(
                 "message_delta", {"delta": delta, "usage": _usage(reply, len(job.prompt))}
@@ -268,10 +285,9 @@ class AnthropicApi:
             self.server._client_left(job)
         except (ApiError, EngineError) as exc:
             error = exc if isinstance(exc, ApiError) else engine_error(exc)
+            self.server.stats.rejected += 1
             with contextlib.suppress(ConnectionResetError):
-                await blocks.event(
-                    "error", {"error": {"type": "api_error", "message": error.message}}
-                )
+                await blocks.event("error", error.body("anthropic"))
         return response
 
 
@@ -291,7 +307,7 @@ class _Blocks:
     def __init__(self, response: web.StreamResponse) -> None:
         self._response = response
         self._index = -1
-        self._open: str | None = None  # "thinking" | "text"
+        self._open: str | None = None  # "thinking" | "text" | "tool_use"
 
     async def event(self, kind: str, data: dict[str, Any]) -> None:
         payload = json.dumps({"type": kind, **data}, ensure_ascii=False)
@@ -319,10 +335,17 @@ class _Blocks:
             await self.event("content_block_stop", {"index": self._index})
             self._open = None
 
-    async def tool_use(self, call: ToolCall) -> None:
-        self._index += 1
-        block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
-        await self.event("content_block_start", {"index": self._index, "content_block": block})
-        delta = {"type": "input_json_delta", "partial_json": call.arguments}
-        await self.event("content_block_delta", {"index": self._index, "delta": delta})
-        await self.event("content_block_stop", {"index": self._index})
+    async def tool_use(self, deltas: list[CallDelta]) -> None:
+        """Tool calls as they stream: a call's first delta opens its block."""
+        for delta in deltas:
+            if delta.id is not None:
+                await self.close()
+                self._index += 1
+                self._open = "tool_use"
+                block = {"type": "tool_use", "id": delta.id, "name": delta.name, "input": {}}
+                await self.event(
+                    "content_block_start", {"index": self._index, "content_block": block}
+                )
+            if delta.arguments:
+                data = {"type": "input_json_delta", "partial_json": delta.arguments}
+                await self.event("content_block_delta", {"index": self._index, "delta": data})

@@ -58,7 +58,8 @@ from app.engine.protocol import (
 from app.engine.worker import Priority
 from app.models.names import model_name
 from app.server import auth
-from app.server.anthropic import AnthropicApi
+from app.server.anthropic import AnthropicApi, error_shape
+from app.server.errors import Shape
 from app.server.grammar import constrained
 from app.server.http import (
     FAILED,
@@ -88,7 +89,7 @@ from app.server.schema import (
     parse_completion,
 )
 from app.server.slots import SlotMap
-from app.server.tool_replies import ToolStream, reply_calls
+from app.server.tool_replies import CallDelta, ToolStream, reply_calls
 from app.server.tool_templates import FAMILIES, ToolSyntax, syntax_for
 from app.server.tools import ToolCall, Tools
 
@@ -238,21 +239,22 @@ class ApiServer:
             await listener.wait_closed()
         await self.prewarm.idle()
 
-    # -- middleware: errors in OpenAI's shape, CORS, the key --------------------------------
+    # -- middleware: errors in the API's shape, CORS, the key ------------------------------
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        shape = error_shape(request.path)  # OpenAI's error object, or Anthropic's
         try:
             response = await handler(request)
         except ApiError as exc:
-            response = self._error_response(exc)
+            response = self._error_response(exc, shape)
         except web.HTTPException as exc:  # aiohttp's own: no such route, wrong method, 413
-            response = self._error_response(http_error(exc))
+            response = self._error_response(http_error(exc), shape)
         except EngineError as exc:
-            response = self._error_response(engine_error(exc))
+            response = self._error_response(engine_error(exc), shape)
         except Exception:  # never a traceback or exception text to the client; the log has it
             logger.exception("request %s %s failed", request.method, request.path)
-            response = self._error_response(ApiError(500, FAILED, kind="server_error"))
+            response = self._error_response(ApiError(500, FAILED, kind="server_error"), shape)
         if not response.prepared:
             response.headers.update(self._cors_headers(request))
         return response
@@ -306,9 +308,9 @@ class ApiServer:
             headers["Access-Control-Max-Age"] = "600"
         return headers
 
-    def _error_response(self, error: ApiError) -> web.Response:
+    def _error_response(self, error: ApiError, shape: Shape = "openai") -> web.Response:
         self.stats.rejected += 1
-        response = web.json_response(error.body(), status=error.status)
+        response = web.json_response(error.body(shape), status=error.http_status(shape))
         if error.retry_after is not None:
             response.headers["Retry-After"] = str(error.retry_after)
         if error.close:
@@ -355,7 +357,7 @@ class ApiServer:
         of this server goes through here)."""
         info = await self._ready(chat.params)
         source = ChatTemplate(info.chat_template).source
-        syntax = syntax_for(source)
+        syntax = syntax_for(source, info.architecture)
         messages, variables = with_tools(chat.messages, chat.tools, source, syntax)
         template = ChatTemplate(
             info.chat_template,
@@ -531,7 +533,7 @@ class ApiServer:
         await response.prepare(request)
         chat = job.kind == "chat"
         splitter = ReasoningSplitter(opened=job.reasoning_opened) if chat else None
-        calls_text = ToolStream(job.syntax) if job.tools.active else None
+        calls_text = ToolStream(job.syntax, job.tools) if job.tools.active else None
         reply = Reply(job.params.stop)
         scored = 0  # tokens whose logprobs have been sent
 
@@ -542,7 +544,7 @@ class ApiServer:
             *,
             finish: str | None = None,
             first: bool = False,
-            calls: list[ToolCall] | None = None,
+            calls: list[CallDelta] | None = None,
         ) -> None:
             body = self._envelope(job, chunk=True)
             choice: dict[str, Any] = {"index": 0}
@@ -553,7 +555,7 @@ class ApiServer:
                 if reasoning:
                     delta["reasoning_content"] = reasoning
                 if calls:
-                    delta["tool_calls"] = [call.openai(i) for i, call in enumerate(calls)]
+                    delta["tool_calls"] = [call.openai() for call in calls]
                 choice["delta"] = delta
             else:
                 choice["text"] = text
@@ -574,20 +576,22 @@ class ApiServer:
                 async for piece, ids in events:
                     reasoning, text = splitter.feed(piece) if splitter else ("", piece)
                     text = calls_text.feed(text) if calls_text else text
-                    if text or reasoning or (ids and job.params.return_token_ids):
-                        await send(text, reasoning, ids)
+                    deltas = calls_text.deltas() if calls_text else []
+                    if text or reasoning or deltas or (ids and job.params.return_token_ids):
+                        await send(text, reasoning, ids, calls=deltas)
             if splitter is not None:
                 reasoning, text = splitter.finish()
                 text = calls_text.feed(text) if calls_text else text
-                if text or reasoning:
-                    await send(text, reasoning)
-            _, _, calls = self._finish_reply(job, reply)
+                deltas = calls_text.deltas() if calls_text else []
+                if text or reasoning or deltas:
+                    await send(text, reasoning, calls=deltas)
+            streamed = None
             if calls_text is not None:
-                text, held = calls_text.finish()
-                if calls:
-                    await send(text, calls=calls)
-                elif text + held:
-                    await send(text + held)
+                text, deltas, content, calls = calls_text.close()
+                streamed = (content, calls)
+                if text or deltas:
+                    await send(text, calls=deltas)
+            _, _, calls = self._finish_reply(job, reply, streamed)
             await send(finish="tool_calls" if calls else finish_reason(reply))
             if job.params.include_usage:
                 body = self._envelope(job, chunk=True)
@@ -638,9 +642,12 @@ class ApiServer:
             "model": self.model_id,
         }
 
-    def _finish_reply(self, job: _Job, reply: Reply) -> tuple[str, str, list[ToolCall]]:
+    def _finish_reply(
+        self, job: _Job, reply: Reply, streamed: tuple[str, list[ToolCall]] | None = None
+    ) -> tuple[str, str, list[ToolCall]]:
         """Count and log a finished reply and keep a chat reply's exact ids under the text
-        (or the tool calls) the client saw; returns its (reasoning, content, calls)."""
+        (or the tool calls) the client saw: `streamed` (content, calls) as a ToolStream sent
+        them, else as the whole reply parses; returns its (reasoning, content, calls)."""
         self.stats.completed += 1
         stats = reply.stats
         if stats is not None:
@@ -656,7 +663,7 @@ class ApiServer:
         if job.kind != "chat":
             return "", reply.text, []
         reasoning, content = split_reasoning(reply.text, opened=job.reasoning_opened)
-        content, calls = reply_calls(job.tools, job.syntax, content)
+        content, calls = streamed or reply_calls(job.tools, job.syntax, content)
         exact = reply.exact_tokens()
         if exact is not None and job.params.max_tokens != 0:
             self.replies.put(

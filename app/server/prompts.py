@@ -79,8 +79,7 @@ class ChatPrompts:
             if stored is not None:
                 transcript.add_reply(message.text, stored.tokens, stored.fingerprint)
             elif message.tool_calls:  # the calls as this model writes them
-                written = syntax.render(message.tool_calls)
-                content = message.text + "\n" if message.text else ""
+                content, written = syntax.write(message.text, message.tool_calls)
                 tokens = tokenizer.tokenize(content) + tokenizer.tokenize(written, special=True)
                 transcript.add_reply(content + written, tokens, info.fingerprint)
             else:

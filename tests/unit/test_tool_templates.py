@@ -71,7 +71,25 @@ CASES = [
         '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo"}'
         "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     ),
+    (
+        "deepseek-ai-DeepSeek-V3.2.jinja",
+        "deepseek-v3.2",
+        True,
+        '\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Oslo</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+    ),
+    (
+        "deepseek-ai-DeepSeek-V4.jinja",
+        "deepseek-v4",
+        True,
+        'Let me look.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Oslo</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+    ),
 ]
+V4_GOLD = TEMPLATES / "deepseek-ai-DeepSeek-V4-Flash-encoding-test_output_1.txt"
+V4_INPUT = TEMPLATES / "deepseek-ai-DeepSeek-V4-Flash-encoding-test_input_1.json"
 
 
 class CharTokenizer:
@@ -213,8 +231,91 @@ def test_stream_holds_the_calls(fixture: str, family: str, native: bool, reply: 
     stream = ToolStream(FAMILIES[family])
     sent = "".join(stream.feed(ch) for ch in reply)
     rest, held = stream.finish()
-    assert sent + rest in ("", "Let me look.\n")
+    assert sent + rest in ("", "Let me look.")
     assert FAMILIES[family].parse(held)[1] == [ParsedCall("get_weather", '{"city": "Oslo"}')]
+
+
+def test_dsml_families_by_template_and_by_architecture() -> None:
+    """The V3.2 and V4 templates build the marker from `dsml_token`; a GGUF without a
+    template of its own is told apart by its architecture (DeepSeek V4: `deepseek4`)."""
+    from app.engine.chat_template import CHATML
+
+    for fixture, family in (
+        ("deepseek-ai-DeepSeek-V3.2.jinja", "deepseek-v3.2"),
+        ("deepseek-ai-DeepSeek-V4.jinja", "deepseek-v4"),
+    ):
+        source = (TEMPLATES / fixture).read_text()
+        assert FAMILIES[family].start not in source  # only its parts are
+        assert syntax_for(source, "deepseek4").family == family
+    assert syntax_for(CHATML, "deepseek4").family == "deepseek-v4"
+    assert syntax_for(CHATML, "llama").family == "hermes"
+
+
+def test_v4_calls_as_deepseeks_encoder_writes_and_reads_them() -> None:
+    """DeepSeek's own gold output (encoding/tests of DeepSeek-V4-Flash): the assistant's
+    call renders to the very text the encoder wrote, and reading it back gives the
+    arguments its decoder gives."""
+    gold = V4_GOLD.read_text()
+    data = json.loads(V4_INPUT.read_text())
+    call = data["messages"][2]["tool_calls"][0]["function"]
+    written = FAMILIES["deepseek-v4"].render(
+        [ToolCall("call_001", call["name"], call["arguments"])]
+    )
+    reasoning = data["messages"][2]["reasoning_content"]
+    assert f"<think>{reasoning}</think>{written}<｜end▁of▁sentence｜>" in gold
+    reply = gold.split("<｜Assistant｜><think>")[1].split("<｜end▁of▁sentence｜>")[0]
+    _, _, content = reply.partition("</think>")
+    assert FAMILIES["deepseek-v4"].parse(content) == (
+        "",
+        [ParsedCall("get_weather", '{"location": "Beijing", "unit": "celsius"}')],
+    )
+    tools_block = gold.split("<｜User｜>")[0]
+    assert FAMILIES["deepseek-v4"].start in tools_block
+
+
+def test_v4_template_renders_the_encoders_tools_and_results() -> None:
+    """The V4 template (llama.cpp's, after DeepSeek's encoder) puts the tools in the system
+    prompt exactly as the encoder's gold output does, and tool results in a user turn."""
+    source = (TEMPLATES / "deepseek-ai-DeepSeek-V4.jinja").read_text()
+    data = json.loads(V4_INPUT.read_text())
+    template = ChatTemplate(
+        source,
+        bos_token="<｜begin▁of▁sentence｜>",
+        variables={"tools": data["tools"], "thinking": True},
+    )
+    rendered = template.render(data["messages"][:2], add_generation_prompt=True)
+    gold = V4_GOLD.read_text()
+    assert rendered == gold[: gold.index("<｜Assistant｜>") + len("<｜Assistant｜><think>")]
+
+
+@pytest.mark.parametrize(
+    ("raw", "string", "value"),
+    [
+        ("Oslo", "true", "Oslo"),
+        ('say "hi"\n', "true", 'say "hi"\n'),
+        ("3", "false", 3),
+        ("[1, 2]", "false", [1, 2]),
+        ('{"a": true}', "false", {"a": True}),
+        ("false", "false", False),
+        ("not json", "false", "not json"),  # kept as the string it is
+    ],
+)
+def test_dsml_parameter_values(raw: str, string: str, value: object) -> None:
+    """string="true" values are taken as written; string="false" ones are JSON-decoded."""
+    text = (
+        '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n'
+        f'<｜DSML｜parameter name="x" string="{string}">{raw}</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+    )
+    _, (call,) = FAMILIES["deepseek-v4"].parse(text)
+    assert json.loads(call.arguments) == {"x": value}
+
+
+def test_dsml_fallback_instructions_show_the_syntax() -> None:
+    """A V4 GGUF without a template: the system block shows the DSML calls to write."""
+    block = FAMILIES["deepseek-v4"].instructions([WEATHER["function"]])
+    assert "<｜DSML｜tool_calls>" in block and 'string="true|false"' in block
+    assert json.dumps(WEATHER["function"], ensure_ascii=False) in block
 
 
 def test_stream_passes_plain_text() -> None:
