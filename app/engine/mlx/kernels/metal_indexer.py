@@ -16,7 +16,9 @@
    (no atomics), and re-sorts / raises the threshold when it holds more than 1536.
 
 Q and K are read as fp16, products and sums are fp32, as in reference.py. These kernels
-only run on Apple GPUs: their tests are marked for macOS and are not run in CI.
+run on Apple GPUs only (test_indexer_metal.py, skipped elsewhere); in CI their exact text, as
+MLX's metal_kernel wraps it, is compiled as C++ and run on CPU threads against the reference
+(tests/unit/metal_on_cpu.h, test_indexer_metal_emulated.py).
 """
 
 from __future__ import annotations
@@ -197,7 +199,9 @@ SELECT_SOURCE = r"""
   const uint lane = thread_index_in_simdgroup;
   const int sg = int(simdgroup_index_in_threadgroup);
   const int n = max(0, min(nv[row], S));
-  const device float* srow = scores + size_t(row) * S;
+  // No `device` pointer into scores: MLX passes an input of fewer than 8 elements (a few
+  // compressed rows early in a conversation) in the constant address space.
+  const size_t row0 = size_t(row) * S;
 
   int count = 0;      // the same in every thread
   ulong thr = 0;      // keep keys above it; every real key is > 0
@@ -206,7 +210,7 @@ SELECT_SOURCE = r"""
     ulong key = 0;
     bool take = false;
     if (s < n) {
-      key = stoke_key(srow[s], s);
+      key = stoke_key(scores[row0 + s], s);
       take = key > thr;
     }
     const uint one = take ? 1u : 0u;
