@@ -29,6 +29,7 @@ from app.conversations import (
 from app.engine.chat_template import ChatTemplate
 from app.engine.host import EngineClient, EngineCrashedError, EngineState, Generation
 from app.engine.protocol import (
+    USER_CHUNK,
     ContextOverflowError,
     EngineError,
     FinishReason,
@@ -389,7 +390,12 @@ class ChatSession:
 
         try:
             self._active = await self.engine.generate(
-                prompt, sampling, max_tokens, slot=slot, on_progress=self._progress_of(reply.id)
+                prompt,
+                sampling,
+                max_tokens,
+                slot=slot,
+                on_progress=self._progress_of(reply.id),
+                prefill_chunk=USER_CHUNK,  # someone watches this reply and may press Stop
             )
             async for event in self._active:
                 pieces.append(event.text)

@@ -79,3 +79,7 @@ class NewerSchemaError(StoreError):
             f"The conversation database {path} was made by a newer Stoke (schema version "
             f"{found}; this Stoke knows up to {known}). Update Stoke to open it."
         )
+
+
+class ImportFormatError(StoreError):
+    """The file is not a conversation this Stoke can import; the message says why."""

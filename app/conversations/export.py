@@ -1,8 +1,11 @@
 """Conversations out of and into files: JSON that keeps everything, Markdown to read.
 
 The JSON export holds the whole message tree (every edit and regeneration) with the exact
-token ids, so an imported conversation continues without re-prefilling and its branches
-survive. Import checks the whole file before writing anything: a bad file changes nothing.
+token ids, tool calls and tool results, so an imported conversation continues without
+re-prefilling and its branches survive. Import checks the whole file before writing
+anything: a bad file changes nothing. It also takes an OpenAI-style list of chat messages
+(chat_messages.py). A file whose conversation holds tool calls is format version 2; one
+without is still version 1, which older Stokes read.
 """
 
 from __future__ import annotations
@@ -11,28 +14,28 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from app.conversations import chat_messages, tool_records
 from app.conversations.attachments import Attachment, AttachmentError
-from app.conversations.errors import StoreError
-from app.conversations.models import Conversation, Message
+from app.conversations.errors import ImportFormatError
+from app.conversations.models import Conversation, Message, ToolCall
 from app.conversations.store import ROLES, STATUSES, ConversationStore
 
 FORMAT = "stoke.conversation"
-VERSION = 1
+VERSION = 2  # 2: tool calls and tool results
+_VERSION_WITHOUT_TOOLS = 1
 UNTITLED = "New conversation"
 _MAX_TOKEN_ID = 2**32 - 1  # the store keeps token ids as uint32
 _REASONING = re.compile(r"\A\s*(?:<think>)?(?P<reasoning>.*?)</think>\s*(?P<answer>.*)\Z", re.S)
 
 
-class ImportFormatError(StoreError):
-    """The file is not a conversation this Stoke can import; the message says why."""
-
-
 def export_json(store: ConversationStore, conversation_id: str) -> dict[str, Any]:
     """The conversation and its whole message tree, parents before children."""
     conversation = store.get_conversation(conversation_id)
+    messages = _tree(store, conversation.id)
+    tools = any(m.tool_calls or m.role == "tool" for m in messages)
     return {
         "format": FORMAT,
-        "version": VERSION,
+        "version": VERSION if tools else _VERSION_WITHOUT_TOOLS,
         "conversation": {
             "id": conversation.id,
             "title": conversation.title,
@@ -42,7 +45,7 @@ def export_json(store: ConversationStore, conversation_id: str) -> dict[str, Any
             "created_at": conversation.created_at,
             "updated_at": conversation.updated_at,
         },
-        "messages": [_message_record(m) for m in _tree(store, conversation.id)],
+        "messages": [_message_record(m) for m in messages],
         "current_leaf_id": conversation.current_leaf_id,
     }
 
@@ -59,9 +62,11 @@ def export_markdown(store: ConversationStore, conversation_id: str) -> str:
 
 
 def import_json(store: ConversationStore, data: Any) -> Conversation:
-    """A new conversation from an export, with new ids. Raises ImportFormatError (nothing
-    written) when the file is not a valid export."""
-    header, messages, current_leaf_id = _validated(data)
+    """A new conversation from an export or a list of chat messages, with new ids. Raises
+    ImportFormatError (nothing written) when the file is neither, or not a valid one."""
+    if chat_messages.is_chat_messages(data):
+        return chat_messages.import_messages(store, data)
+    header, messages, current_leaf_id, calls = _validated(data)
     conversation = store.create_conversation(
         header["title"], header["system_prompt"], header["sampling"], header["model"]
     )
@@ -82,6 +87,9 @@ def import_json(store: ConversationStore, data: Any) -> Conversation:
                 finish_reason=record.get("finish_reason"),
                 stats=record.get("stats"),
                 attachments=record.get("attachments"),
+                tool_calls=calls[record["id"]],
+                tool_call_id=record.get("tool_call_id"),
+                tool_name=record.get("tool_name"),
             )
             new_ids[record["id"]] = added.id
         if current_leaf_id is not None:
@@ -108,7 +116,12 @@ def _tree(store: ConversationStore, conversation_id: str) -> list[Message]:
 
 
 def _message_record(message: Message) -> dict[str, Any]:
-    return {
+    tools: dict[str, Any] = {}
+    if message.tool_calls:
+        tools["tool_calls"] = [call.record() for call in message.tool_calls]
+    if message.role == "tool":
+        tools |= {"tool_call_id": message.tool_call_id, "tool_name": message.tool_name}
+    return tools | {
         "id": message.id,
         "parent_id": message.parent_id,
         "role": message.role,
@@ -124,6 +137,8 @@ def _message_record(message: Message) -> dict[str, Any]:
 
 
 def _markdown_message(message: Message) -> str:
+    if message.role == "tool":
+        return f"**Result of {message.tool_name or 'a tool'}**\n\n{_fenced(message.content, '')}"
     if message.role == "user":
         files = "".join(f"\n\n*Attached: {a['name']}*" for a in message.attachments or ())
         return f"**You**{files}\n\n{message.content.strip()}"
@@ -142,16 +157,31 @@ def _markdown_message(message: Message) -> str:
             )
     if answer.strip():
         parts.append(answer.strip())
+    for call in message.tool_calls:
+        arguments = tool_records.pretty_arguments(call.arguments)
+        parts.append(f"*Called {call.name}*\n\n{_fenced(arguments, 'json')}")
     return "\n\n".join(parts)
+
+
+def _fenced(text: str, language: str) -> str:
+    """A code block that holds `text` whatever backticks it has (a longer fence)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}"
 
 
 # Import validation
 
 
-def _validated(data: Any) -> tuple[dict[str, Any], list[Mapping[str, Any]], str | None]:
-    """The conversation header, the messages parents first, and the current leaf id."""
+def _validated(
+    data: Any,
+) -> tuple[dict[str, Any], list[Mapping[str, Any]], str | None, dict[str, tuple[ToolCall, ...]]]:
+    """The conversation header, the messages parents first, the current leaf id, and each
+    message's tool calls by its id."""
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
-        raise ImportFormatError("This file is not a Stoke conversation export.")
+        raise ImportFormatError(
+            "This file is neither a Stoke conversation export nor a list of chat messages."
+        )
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ImportFormatError("This conversation file has no valid format version.")
@@ -165,17 +195,24 @@ def _validated(data: Any) -> tuple[dict[str, Any], list[Mapping[str, Any]], str 
     if not isinstance(messages, list):
         raise ImportFormatError("The conversation file has no list of messages.")
     by_id: dict[str, Mapping[str, Any]] = {}
+    calls: dict[str, tuple[ToolCall, ...]] = {}
     for number, record in enumerate(messages, start=1):
-        _check_message(number, record)
+        found = _check_message(number, record)
         if record["id"] in by_id:
             raise ImportFormatError(f"Message {number} repeats the id '{record['id']}'.")
         by_id[record["id"]] = record
+        calls[record["id"]] = found
     leaf = data.get("current_leaf_id")
     if leaf is not None and leaf not in by_id:
         raise ImportFormatError(
             f"The current message '{leaf}' is not among the conversation's messages."
         )
-    return header, _parents_first(by_id), leaf
+    ordered = _parents_first(by_id)
+    for number, record in enumerate(messages, start=1):
+        parent = by_id.get(record.get("parent_id") or "")
+        before = None if parent is None else {"role": parent["role"], "calls": calls[parent["id"]]}
+        tool_records.check_follows_calls(f"Message {number}", record["role"], before)
+    return header, ordered, leaf, calls
 
 
 def _header(conversation: Any) -> dict[str, Any]:
@@ -195,8 +232,9 @@ def _header(conversation: Any) -> dict[str, Any]:
     return header
 
 
-def _check_message(number: int, record: Any) -> None:
-    """Raise ImportFormatError naming the message (1-based) and the field that is wrong."""
+def _check_message(number: int, record: Any) -> tuple[ToolCall, ...]:
+    """Raise ImportFormatError naming the message (1-based) and the field that is wrong;
+    the message's tool calls."""
     if not isinstance(record, Mapping):
         raise ImportFormatError(f"Message {number} is not an object.")
     missing = [name for name in ("id", "role", "content") if name not in record]
@@ -215,9 +253,19 @@ def _check_message(number: int, record: Any) -> None:
         raise ImportFormatError(f"Message {number}'s content must be text.")
     if record.get("status", "complete") not in STATUSES:
         raise ImportFormatError(f"Message {number} has an unknown status {record['status']!r}.")
-    for name in ("finish_reason", "tokens_fingerprint"):
+    for name in ("finish_reason", "tokens_fingerprint", "tool_call_id", "tool_name"):
         if record.get(name) is not None and not isinstance(record[name], str):
             raise ImportFormatError(f"Message {number}'s {name} must be text.")
+    answers_call = record.get("tool_call_id") is not None or record.get("tool_name") is not None
+    if answers_call and record["role"] != "tool":
+        raise ImportFormatError(
+            f"Message {number} names a tool call it answers, which only a tool result does."
+        )
+    calls = tool_records.read_calls(f"Message {number}", record.get("tool_calls"))
+    if calls and record["role"] != "assistant":
+        raise ImportFormatError(
+            f"Message {number} makes tool calls, which only an assistant message does."
+        )
     if record.get("stats") is not None and not isinstance(record["stats"], dict):
         raise ImportFormatError(f"Message {number}'s stats must be an object.")
     token_ids = record.get("token_ids")
@@ -234,6 +282,7 @@ def _check_message(number: int, record: Any) -> None:
                 Attachment.from_record(attachment)
         except AttachmentError as exc:
             raise ImportFormatError(f"Message {number}: {exc}") from exc
+    return calls
 
 
 def _is_token_id(value: Any) -> bool:

@@ -332,9 +332,11 @@ class EngineClient:
         slot: str = "default",
         priority: Priority = Priority.USER,
         on_progress: ProgressCallback | None = None,
+        prefill_chunk: int = 0,
     ) -> Generation:
         """Start a reply; iterate the returned Generation for tokens. `on_progress` hears
-        the prompt's prefill, chunk by chunk, on the event loop."""
+        the prompt's prefill, chunk by chunk (`prefill_chunk` tokens, 0: n_batch), on the
+        event loop."""
         await self.ready()
         req_id = next(self._ids)
         generation = Generation(self, req_id, on_progress)
@@ -344,7 +346,7 @@ class EngineClient:
             int(priority),
             "generate",
             (list(tokens), sampling, max_tokens),
-            {"slot": slot},
+            {"slot": slot, "prefill_chunk": prefill_chunk},
         )
         self._pending[req_id] = _Pending(generation=generation, message=message)
         self._send(message)

@@ -67,7 +67,13 @@ class LoadOptions:
     n_ubatch: int = 512
     n_threads: int | None = None
     n_gpu_layers: int = 0
-    n_seq_max: int = 4  # conversations resident at once, sharing the n_ctx cells
+    n_seq_max: int = 4  # conversations resident at once
+    # llama.cpp's KV layout. False: each resident conversation has a stream of its own of
+    # n_ctx cells (n_seq_max x n_ctx in all, as deepseek4's caches always are), so a prefill
+    # attends over its own conversation only. True: they share one pool of n_ctx cells (less
+    # memory, but every prefill attends over every resident's cells; an n_ctx past the
+    # model's training context then sizes the pool, each conversation still within it).
+    kv_unified: bool = False
     flash_attn: bool = False
     chat_template: str | None = None  # overrides the model's own template
     # A placement plan (app/hardware/planner.py): llama.cpp -ot rules (regex, buffer type),
@@ -168,6 +174,10 @@ class PrefillProgress:
 
 
 ProgressCallback = Callable[[PrefillProgress], None]
+
+# The prefill chunk of a reply someone watches (the window, the terminal chat): progress is
+# shown and Stop lands within one. API requests read their prompt in whole n_batch steps.
+USER_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -300,9 +310,12 @@ class Engine(Protocol):
         slot: str = "default",
         cancel: CancelToken | None = None,
         progress: ProgressCallback | None = None,
+        prefill_chunk: int = 0,
     ) -> Iterator[GenerationEvent]:
         """Stream TokenEvents for the reply to `tokens`, then one GenerationStats; `progress`
-        hears how far the prompt's prefill has come (engines that prefill locally).
+        hears how far the prompt's prefill has come (engines that prefill locally), after
+        each chunk of `prefill_chunk` tokens (0: the engine's n_batch; USER_CHUNK where a
+        user waits and may press Stop, since a cancel lands between chunks).
 
         End-of-generation tokens stop the reply and are not yielded.
         """

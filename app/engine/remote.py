@@ -303,6 +303,7 @@ class RemoteEngine:
         slot: str = "default",
         cancel: CancelToken | None = None,
         progress: ProgressCallback | None = None,  # the server reads the prompt: no progress
+        prefill_chunk: int = 0,  # nor chunks of it
     ) -> Iterator[GenerationEvent]:
         if not tokens:
             raise EngineError("Nothing to reply to: the prompt is empty.")

@@ -1,11 +1,14 @@
 """The slot engine both local runtimes share: resident conversations, prefix sync, snapshots,
 prefill and the generate loop.
 
-A slot is one conversation's KV sequence and the exact tokens it holds. All slots together
-stay within `n_ctx` tokens and `n_seq_max` sequences; when room is needed the least recently
-used one is snapshotted into `KVStore`'s RAM and disk tiers and dropped. A prompt is synced to
-the longest prefix among its own sequence, the other resident sequences (where the runtime
-can copy a prefix) and the snapshots, so only the rest is evaluated.
+A slot is one conversation's KV sequence and the exact tokens it holds, at most `n_ctx`
+(the model's window). At most `n_seq_max` slots are resident; where the runtime's slots share
+one pool of cells (MLX's memory, llama.cpp's unified KV) they also stay within it together.
+When room is needed the least recently used slot is snapshotted into `KVStore`'s RAM and disk
+tiers and dropped. Where each slot has a KV stream of its own (llama.cpp's default), a
+prefill attends over its own conversation's cells only, however many others are resident.
+A prompt is synced to the longest prefix among its own sequence, the other resident sequences
+(where the runtime can copy a prefix) and the snapshots, so only the rest is evaluated.
 
 That policy is written once, here. A runtime (llama.cpp, MLX) subclasses `SlotEngine` and
 supplies a handful of hooks (new slot, trim, serialize, deserialize, forward, verify, sample,
@@ -45,7 +48,6 @@ from app.engine.protocol import (
 from app.engine.speculate import Decoder, Pace
 
 RESTORE_MIN_GAIN = 32  # tokens a snapshot or another sequence must add to be worth copying
-USER_CHUNK = 256  # prefill chunk while a user waits for the reply: Stop lands within one
 
 
 @dataclass(kw_only=True)
@@ -83,7 +85,7 @@ class SlotEngine(Generic[S]):
     """The Engine contract's slot, prefill and generate methods over a runtime's hooks.
 
     Not thread-safe: the engine host serialises calls. A subclass's `load` sets `_options`,
-    `_n_ctx`, `_eog` and `_kv` (through `_open_store`), and `info` last, once all is up.
+    `_n_ctx`, `_pool`, `_eog` and `_kv` (through `_open_store`), and `info` last, once all is up.
     """
 
     backend_name = ""
@@ -91,7 +93,8 @@ class SlotEngine(Generic[S]):
     def __init__(self) -> None:
         self.info: ModelInfo | None = None
         self._options: LoadOptions | None = None
-        self._n_ctx = 0
+        self._n_ctx = 0  # one conversation's window
+        self._pool = 0  # cells the resident slots share (0: each has n_ctx of its own)
         self._eog: frozenset[int] = frozenset()
         self._slots: OrderedDict[str, S] = OrderedDict()  # least recently used first
         self._kv: KVStore | None = None
@@ -131,8 +134,9 @@ class SlotEngine(Generic[S]):
         """Put a deserialized snapshot into the (emptied) slot; False when that failed."""
         raise NotImplementedError
 
-    def _copy_prefix(self, donor: S, slot: S, n: int) -> None:
-        """Share the donor's first `n` positions with the (emptied) slot."""
+    def _copy_prefix(self, donor: S, slot: S, n: int) -> bool:
+        """Share (or copy) the donor's first `n` positions into the (emptied) slot; False
+        when that failed and the slot is still empty."""
         raise NotImplementedError
 
     def _forward(self, slot: S, chunk: list[int], *, want_logits: bool) -> None:
@@ -230,8 +234,8 @@ class SlotEngine(Generic[S]):
         return keep
 
     def _make_room(self, slot: S, n_new: int) -> None:
-        """Keep all resident tokens within n_ctx: evict others, oldest first."""
-        while sum(len(s.tokens) for s in self._slots.values()) + n_new > self._n_ctx:
+        """Keep all resident tokens within a shared pool: evict others, oldest first."""
+        while self._pool and sum(len(s.tokens) for s in self._slots.values()) + n_new > self._pool:
             others = [name for name, other in self._slots.items() if other is not slot]
             if not others:
                 return
@@ -289,7 +293,8 @@ class SlotEngine(Generic[S]):
         if donor is None or best < own + RESTORE_MIN_GAIN:
             return own
         self._clear(slot)
-        self._copy_prefix(donor, slot, best)
+        if not self._copy_prefix(donor, slot, best):
+            return 0
         slot.tokens = list(donor.tokens[:best])
         return best
 
@@ -370,17 +375,18 @@ class SlotEngine(Generic[S]):
         slot: str = "default",
         cancel: CancelToken | None = None,
         progress: ProgressCallback | None = None,
+        prefill_chunk: int = 0,
     ) -> Iterator[GenerationEvent]:
-        """Sync the prompt (in USER_CHUNK pieces, each told to `progress`), then draw tokens
-        until end of turn, `max_tokens`, a full context or a cancel (checked between tokens).
-        The KV keeps exactly the tokens handed out."""
+        """Sync the prompt (in `prefill_chunk` pieces, or n_batch, each told to `progress`),
+        then draw tokens until end of turn, `max_tokens`, a full context or a cancel (checked
+        between tokens). The KV keeps exactly the tokens handed out."""
         self._require_model()
         if not tokens:
             raise EngineError("Nothing to reply to: the prompt is empty.")
         self._check_fits(len(tokens))
         start = time.perf_counter()
         held = self._slot(slot)
-        reused, restored, prefilled = self._sync(held, tokens, cancel, progress, USER_CHUNK)
+        reused, restored, prefilled = self._sync(held, tokens, cancel, progress, prefill_chunk)
         prefill_s = time.perf_counter() - start
         text = self._text_stream()
         decoder = Decoder(self, self._draw(sampling, tokens), sampling, slot, self._drafters)

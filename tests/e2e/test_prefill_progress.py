@@ -1,18 +1,25 @@
-"""A long prompt's prefill on the real engine: progress chunk by chunk, and a Stop that lands
-within one chunk (asserted on the engine's own counters, never on time)."""
+"""A long prompt's prefill on the real engine: progress chunk by chunk, USER_CHUNK tokens
+where someone watches (the window's ChatSession) and whole n_batch steps for an API request
+(stoke serve), and a Stop that lands within one chunk (asserted on the engine's own
+counters, never on time)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 
+from app.conversations import ConversationStore
 from app.engine.host import EngineClient
-from app.engine.protocol import FinishReason, LoadOptions, PrefillProgress, SamplingParams
-from app.engine.slots import USER_CHUNK
-from tests.e2e.conftest import both_engines
+from app.engine.protocol import (
+    USER_CHUNK,
+    FinishReason,
+    LoadOptions,
+    PrefillProgress,
+    SamplingParams,
+)
+from tests.e2e.conftest import both_engines, start_session
+from tests.e2e.serving import ServerThread
 
-# Three chunks: MLX on a CPU reads about 13 tokens/s, so a longer prompt costs minutes and
-# proves no more.
-PROGRESS_TOKENS = 2 * USER_CHUNK + 88
 PROSE = "The harbour town woke slowly in winter, and the ferry sounded its horn twice. "
 
 
@@ -21,32 +28,59 @@ async def _long_prompt(client: EngineClient, n: int) -> list[int]:
     return tokens[:n]
 
 
-@both_engines
-def test_progress_is_monotonic_and_ends_at_the_prompt_length(model_path, run, engine):
-    async def scenario():
-        options = LoadOptions(model_path, n_ctx=4096, n_batch=2048)  # chunks smaller still
-        client = EngineClient(options, backend=engine)
-        await client.start()
-        seen: list[PrefillProgress] = []
-        try:
-            prompt = await _long_prompt(client, PROGRESS_TOKENS)
-            reply = await client.generate(
-                prompt, SamplingParams.greedy(), 2, slot="long", on_progress=seen.append
-            )
-            async for _ in reply:
-                pass
-            return prompt, seen, reply.stats
-        finally:
-            await client.close()
-
-    prompt, seen, stats = run(scenario())
+def _steps(seen: list[PrefillProgress]) -> list[int]:
     done = [p.done for p in seen]
-    assert {p.total for p in seen} == {len(prompt)}
-    assert done == sorted(done) and len(set(done)) == len(done)  # strictly rising
-    assert done[-1] == len(prompt) == stats.prompt_tokens
-    assert all(b - a <= USER_CHUNK for a, b in zip([0, *done], done, strict=False))
-    assert len(seen) >= len(prompt) // USER_CHUNK
-    assert stats.prefilled_tokens == len(prompt)
+    return [b - a for a, b in zip([0, *done], done, strict=False)]
+
+
+@both_engines
+def test_the_window_reads_a_long_message_in_user_chunks(
+    store: ConversationStore, model_path, run, engine
+):
+    """The window's turn (ChatSession.send, as the GUI and the terminal chat call it)."""
+
+    async def scenario():
+        session = await start_session(store, model_path, engine=engine)  # n_batch 512
+        seen: list[PrefillProgress] = []
+        session.on_progress = lambda _reply, progress: seen.append(progress)
+        try:
+            conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 2})
+            result = await session.send(conversation.id, PROSE * 36)
+            return seen, result.stats
+        finally:
+            await session.engine.close()
+
+    seen, stats = run(scenario())
+    steps = _steps(seen)
+    assert stats.prompt_tokens > 2 * USER_CHUNK and stats.prefilled_tokens == stats.prompt_tokens
+    assert {p.total for p in seen} == {stats.prompt_tokens}
+    assert seen[-1].done == stats.prompt_tokens
+    assert all(0 < step <= USER_CHUNK for step in steps)  # strictly rising, small steps
+    assert len(seen) == math.ceil(stats.prompt_tokens / USER_CHUNK)
+
+
+def test_an_api_request_reads_its_prompt_in_whole_batches(model_path, monkeypatch):
+    """A `stoke serve` request (no one to press Stop): n_batch steps, not USER_CHUNK ones,
+    seen through the server's own generate call."""
+    with ServerThread() as server:  # n_batch 512
+        seen: list[PrefillProgress] = []
+        generate = server.engine.generate
+
+        async def listened(*args, **kwargs):
+            return await generate(*args, **kwargs, on_progress=seen.append)
+
+        monkeypatch.setattr(server.engine, "generate", listened)
+        reply = server.client().chat.completions.create(
+            model=server.model,
+            messages=[{"role": "user", "content": PROSE * 40}],
+            max_tokens=2,
+            temperature=0,
+        )
+    prompt = reply.usage.prompt_tokens
+    steps = _steps(seen)
+    assert prompt > 512 and seen[-1].done == prompt
+    assert steps[:-1] == [512] * (len(steps) - 1)  # whole batches, then the rest
+    assert len(seen) == math.ceil(prompt / 512) < math.ceil(prompt / USER_CHUNK)
 
 
 def test_stop_during_a_long_prefill_returns_before_it_completes(model_path, run):
@@ -62,6 +96,7 @@ def test_stop_during_a_long_prefill_returns_before_it_completes(model_path, run)
                 8,
                 slot="long",
                 on_progress=lambda _p: first.set(),
+                prefill_chunk=USER_CHUNK,  # as the window asks
             )
             await first.wait()
             reply.cancel()  # Esc, as the session does it

@@ -184,7 +184,7 @@ def _break(data: dict[str, Any], how: str) -> None:
     if how == "format":
         data["format"] = "chatgpt.export"
     elif how == "newer":
-        data["version"] = 2
+        data["version"] = 3
     elif how == "no version":
         del data["version"]
     elif how == "no conversation":
@@ -214,8 +214,8 @@ def _break(data: dict[str, Any], how: str) -> None:
 @pytest.mark.parametrize(
     ("how", "message"),
     [
-        ("format", "This file is not a Stoke conversation export."),
-        ("newer", "exported by a newer Stoke (format version 2; this Stoke reads up to 1)"),
+        ("format", "This file is neither a Stoke conversation export nor a list of chat"),
+        ("newer", "exported by a newer Stoke (format version 3; this Stoke reads up to 2)"),
         ("no version", "no valid format version"),
         ("no conversation", "no conversation section"),
         ("no messages", "no list of messages"),
@@ -245,7 +245,7 @@ def test_bad_input_is_rejected_and_writes_nothing(
 
 @pytest.mark.parametrize("data", [None, [], "stoke.conversation", {"version": 1}])
 def test_not_an_export_at_all(store: ConversationStore, data: Any) -> None:
-    with pytest.raises(ImportFormatError, match="not a Stoke conversation export"):
+    with pytest.raises(ImportFormatError, match=r"(not|neither) a Stoke conversation export"):
         import_json(store, data)
 
 

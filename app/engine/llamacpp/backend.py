@@ -2,7 +2,9 @@
 
 `Llama` hides what Stoke needs: several sequences in one context, trimming a sequence at
 the point a new prompt diverges, prefill without sampling, and cancelling between tokens.
-So this drives llama.cpp directly: one model, one context, one KV sequence per resident slot.
+So this drives llama.cpp directly: one model, one context, one KV sequence per resident slot,
+each in a KV stream of its own (`kv_unified` false: a prefill then attends over its own
+conversation's cells, not every resident's) unless the options ask for one shared pool.
 The slot policy (eviction, snapshots, prefix sync, the generate loop) is `SlotEngine`'s; this
 module supplies llama.cpp's hooks, the tokenizer and the load parameters. Native handles
 belong to the owners in `handles.py`.
@@ -165,16 +167,24 @@ def load_vocab(model_path: str) -> Vocab:
     return Vocab(model.ptr, owner=model)
 
 
+def window(options: LoadOptions, n_ctx_train: int) -> int:
+    """One conversation's context: what the options ask for, within what the model was
+    trained on."""
+    return min(options.n_ctx, n_ctx_train) if n_ctx_train > 0 else options.n_ctx
+
+
 def _context_params(
     options: LoadOptions, model: LlamaModel, n_ctx_train: int
 ) -> llama_cpp.llama_context_params:
-    """The context the options ask for, within what the model was trained on."""
+    """The context the options ask for: a stream of one window per resident conversation
+    (llama.cpp splits n_ctx evenly between them), or one pool they share."""
     cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = min(options.n_ctx, n_ctx_train) if n_ctx_train > 0 else options.n_ctx
+    size = window(options, n_ctx_train)
+    cparams.n_ctx = options.n_ctx if options.kv_unified else size * options.n_seq_max
     cparams.n_batch = options.n_batch
     cparams.n_ubatch = min(options.n_ubatch, options.n_batch)
     cparams.n_seq_max = options.n_seq_max
-    cparams.kv_unified = True  # resident conversations share one pool of cells
+    cparams.kv_unified = options.kv_unified
     hybrid = llama_cpp.llama_model_is_hybrid(model.ptr)
     cparams.swa_full = options.swa_full if options.swa_full is not None else not hybrid
     if options.kv_type not in KV_TYPES:
@@ -273,13 +283,17 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
                 reason = _install_log().reason() or "not enough memory for the context"
                 raise ModelLoadError(
                     f"Could not create a context of {cparams.n_ctx:,} tokens for {path.name}: "
-                    f"{reason}. Try a smaller context size."
+                    f"{reason}. Try a smaller context size or fewer conversations kept loaded."
                 )
             stack.enter_context(ctx)
             batch = stack.enter_context(LlamaBatch(options.n_batch))
             self._model, self._ctx, self._batch, self._options = model, ctx, batch, options
             self._vocab = Vocab(model.ptr)
-            self._n_ctx = llama_cpp.llama_n_ctx(ctx.ptr)
+            if options.kv_unified:
+                self._pool = llama_cpp.llama_n_ctx(ctx.ptr)
+                self._n_ctx = min(self._pool, window(options, n_ctx_train))
+            else:
+                self._pool, self._n_ctx = 0, llama_cpp.llama_n_ctx_seq(ctx.ptr)
             # Hybrid and recurrent memories (deepseek4's compressor state) copy only whole
             # sequences; a partial seq_cp aborts the process.
             self._copies_prefixes = not (
@@ -384,9 +398,18 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             llama_cpp.llama_state_seq_set_data(self._ctx.ptr, data, len(payload), seq.seq_id)
         )
 
-    def _copy_prefix(self, donor: _Sequence, seq: _Sequence, n: int) -> None:
+    def _copy_prefix(self, donor: _Sequence, seq: _Sequence, n: int) -> bool:
         mem = llama_cpp.llama_get_memory(self._ctx.ptr)
-        llama_cpp.llama_memory_seq_cp(mem, donor.seq_id, seq.seq_id, 0, n)
+        if self._pool:  # one pool: the sequences share the prefix's cells
+            llama_cpp.llama_memory_seq_cp(mem, donor.seq_id, seq.seq_id, 0, n)
+            return True
+        # Between streams llama.cpp copies only whole streams, and only at the next decode
+        # (a snapshot installed before then would be overwritten): copy the donor's state.
+        payload = self._serialize("", donor)
+        if payload is None or not self._install(seq, payload):
+            self._trim(seq, 0)
+            return False
+        return bool(llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, n, -1))
 
     def _forward(
         self, seq: _Sequence, chunk: Sequence[int], *, want_logits: bool, every: bool = False
