@@ -17,8 +17,16 @@ Wire modes, from most to least exact (`auto` picks the first the server supports
   re-tokenized piece by piece, so a reply the model spelled in non-canonical tokens differs
   from what the server cached from there on. Such servers report no cached count: 0.
 - `chat`: /v1/chat/completions with messages, for servers that take nothing else. The
-  transcript is bytes (engine/remote_tokenizers.py); exactness of the server's cache is not
-  Stoke's to guarantee, and a prefill-only request does nothing.
+  transcript is bytes (engine/remote_wire.py); exactness of the server's cache is not
+  Stoke's to guarantee, and a prefill-only request does nothing. Tools pass through: the
+  request's `tools`, `tool_choice`, `parallel_tool_calls` and `response_format`, tool results
+  and earlier calls go to the server as OpenAI fields, so its own template, tool parser and
+  grammar apply; the `tool_calls` it streams back become the reply's `<tool_call>` blocks,
+  which the API server parses as it parses any reply.
+
+In the token modes Stoke renders tools into the prompt and parses the reply itself, as for a
+local model; the grammar of a forced call or `response_format` is not sent (these servers
+take no llguidance grammar), so there the server samples freely.
 
 Token modes need the model's tokenizer and chat template: a local GGUF of the same model
 (LoadOptions.model_path, vocab only) or the server's /props and /tokenize (llama-server).
@@ -27,9 +35,10 @@ Token modes need the model's tokenizer and chat template: a local GGUF of the sa
 from __future__ import annotations
 
 import codecs
+import json
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -48,14 +57,8 @@ from app.engine.protocol import (
     TokenEvent,
 )
 from app.engine.remote_http import Endpoint, RemoteCancelled, RemoteError, RemoteHTTP
-from app.engine.remote_tokenizers import (
-    BYTES_FINGERPRINT,
-    N_BYTE_VOCAB,
-    WIRE_TEMPLATE,
-    ByteTokenizer,
-    ServerTokenizer,
-    messages_of,
-)
+from app.engine.remote_tokenizers import BYTES_FINGERPRINT, ByteTokenizer, ServerTokenizer
+from app.engine.remote_wire import N_BYTE_VOCAB, WIRE_TEMPLATE, calls_text, wire_request
 
 BYTES_PER_TOKEN = 4  # chat mode counts bytes; its context is the token context times this
 PROBE_TIMEOUT_S = 30.0
@@ -112,6 +115,7 @@ class _Reply:
     generated_tokens: int | None = None
     pieces: int = 0  # streamed text pieces: about one token each
     finish: FinishReason = FinishReason.LENGTH
+    calls: dict[int, list[str]] = field(default_factory=dict)  # chat: index -> [name, args]
 
 
 class RemoteEngine:
@@ -325,9 +329,15 @@ class RemoteEngine:
         eog = frozenset(self.info.eog_ids)
         start = time.perf_counter()
         first_at = last_at = None
-        try:
+
+        def pieces() -> Iterator[list[tuple[int, str]]]:
             for event in self.http.stream(path, body, cancel=cancel):
-                for token, text in self._parse(event, reply, decoder):
+                yield self._parse(event, reply, decoder)
+            yield self._calls(reply)
+
+        try:
+            for pairs in pieces():
+                for token, text in pairs:
                     if token in eog:
                         continue  # servers may send the stop token back; replies end before it
                     last_at = time.perf_counter()
@@ -399,13 +409,14 @@ class RemoteEngine:
             # llama-cpp-python's server applies a repeat penalty of 1.1 unless told otherwise
             return "/v1/completions", {**base, **common, "prompt": prompt, "repeat_penalty": 1.0}
         try:
-            messages = messages_of(tokens)
+            request = wire_request(tokens)
         except ValueError as exc:
             raise EngineError(f"The chat prompt is malformed ({exc}).") from exc
         return "/v1/chat/completions", {
+            **request.fields,
             **base,
             **common,
-            "messages": messages,
+            "messages": request.messages,
             "stream_options": {"include_usage": True},
         }
 
@@ -429,7 +440,9 @@ class RemoteEngine:
         if choice.get("finish_reason"):
             reply.finish = _finish(choice["finish_reason"])
         if self.mode == WireMode.CHAT:
-            text = (choice.get("delta") or {}).get("content") or ""
+            delta = choice.get("delta") or {}
+            text = delta.get("content") or ""
+            _add_calls(reply.calls, delta.get("tool_calls"))
         else:
             text = choice.get("text") or ""
         reply.pieces += bool(text)
@@ -440,6 +453,15 @@ class RemoteEngine:
             return []
         ids = self._tokenizer.tokenize(text, special=self.mode != WireMode.CHAT)
         return [(t, text if i == 0 else "") for i, t in enumerate(ids)]
+
+    def _calls(self, reply: _Reply) -> list[tuple[int, str]]:
+        """A chat reply's streamed tool calls as the reply's last bytes (`<tool_call>`
+        blocks after any content, engine/remote_wire.py); none in the token modes."""
+        calls = [(name, args) for name, args in reply.calls.values() if name]
+        if not calls:
+            return []
+        text = calls_text(calls, after_content=bool(reply.tokens))
+        return [(t, text if i == 0 else "") for i, t in enumerate(self._tokenizer.tokenize(text))]
 
     def _parse_llama_server(
         self, event: dict, reply: _Reply, decoder: codecs.IncrementalDecoder
@@ -468,6 +490,22 @@ def _pair(
     if token_bytes is not None:
         return [(int(t), decoder.decode(token_bytes(int(t)))) for t in ids]
     return [(int(t), text if i == 0 else "") for i, t in enumerate(ids)]
+
+
+def _add_calls(calls: dict[int, list[str]], deltas: object) -> None:
+    """Fold streamed `delta.tool_calls` into whole calls: each index's name and arguments
+    arrive in pieces, joined as OpenAI's own client joins them."""
+    for delta in deltas if isinstance(deltas, list) else ():
+        function = delta.get("function") if isinstance(delta, dict) else None
+        if not isinstance(function, dict):
+            continue
+        index = delta.get("index", len(calls))
+        call = calls.setdefault(index if isinstance(index, int) else len(calls), ["", ""])
+        name, arguments = function.get("name"), function.get("arguments")
+        if isinstance(arguments, dict):  # some servers send the object itself
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        call[0] += name if isinstance(name, str) else ""
+        call[1] += arguments if isinstance(arguments, str) else ""
 
 
 def _finish(reason: str) -> FinishReason:

@@ -5,8 +5,8 @@ token prompts, those must be the served model's tokens: from a local GGUF of the
 (vocab only, llama.cpp's own ids) or from the server's tokenize endpoint (ServerTokenizer).
 
 A server that only takes chat messages gets them back out of the transcript: in that mode the
-"tokens" are UTF-8 bytes plus four marker ids, and the chat template is WIRE_TEMPLATE, whose
-markers delimit messages. The transcript stays append-only and the reply's bytes are exactly
+"tokens" are UTF-8 bytes plus the marker ids of the wire template (engine/remote_wire.py),
+which delimit messages. The transcript stays append-only and the reply's bytes are exactly
 the text the server sent, but what the server's cache sees is its own rendering of the
 messages, so prefix reuse there is up to the server, not guaranteed by Stoke.
 """
@@ -16,26 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app.engine.remote_http import RemoteError, RemoteHTTP
+from app.engine.remote_wire import MARKERS
 
 BYTES_FINGERPRINT = "utf8-bytes-v1"  # stored reply ids that are bytes, valid for any chat server
-_ROLES = ("system", "user", "assistant")
-_MARKERS = {f"<|stoke:{role}|>": 256 + i for i, role in enumerate(_ROLES)}
-END_ID = 256 + len(_ROLES)
-_MARKERS["<|stoke:end|>"] = END_ID
-_MARKER_TEXT = {v: k for k, v in _MARKERS.items()}
-ROLE_IDS = {256 + i: role for i, role in enumerate(_ROLES)}
-N_BYTE_VOCAB = END_ID + 1
-
-WIRE_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|stoke:{{ message['role'] }}|>{{ message['content'] }}<|stoke:end|>"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|stoke:assistant|>{% endif %}"
-)
+_MARKER_TEXT = {v: k for k, v in MARKERS.items()}
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as ids 0-255; with `special`, the wire template's markers as 256-259."""
+    """UTF-8 bytes as ids 0-255; with `special`, the wire template's markers (256 on)."""
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         if not special:
@@ -45,13 +33,13 @@ class ByteTokenizer:
         while i < len(text):
             at = text.find("<|stoke:", i)
             end = text.find("|>", at) + 2 if at >= 0 else -1
-            if at < 0 or text[at:end] not in _MARKERS:
+            if at < 0 or text[at:end] not in MARKERS:
                 stop = len(text) if at < 0 else at + 1
                 ids.extend(text[i:stop].encode("utf-8"))
                 i = stop
                 continue
             ids.extend(text[i:at].encode("utf-8"))
-            ids.append(_MARKERS[text[at:end]])
+            ids.append(MARKERS[text[at:end]])
             i = end
         return ids
 
@@ -60,31 +48,6 @@ class ByteTokenizer:
         for t in tokens:
             out.extend(_MARKER_TEXT[t].encode() if t in _MARKER_TEXT else bytes((t,)))
         return out.decode("utf-8", "replace")
-
-
-def messages_of(tokens: Sequence[int]) -> list[dict[str, str]]:
-    """The chat messages a wire-template prompt holds. An assistant turn left open at the end
-    is the generation prompt: dropped when empty, kept (a reply to continue) otherwise."""
-    messages: list[dict[str, str]] = []
-    role: str | None = None
-    content = bytearray()
-    for t in tokens:
-        if t in ROLE_IDS:
-            if role is not None:
-                raise ValueError("a message starts inside another")
-            role, content = ROLE_IDS[t], bytearray()
-        elif t == END_ID:
-            if role is None:
-                raise ValueError("a message ends that never started")
-            messages.append({"role": role, "content": content.decode("utf-8", "replace")})
-            role = None
-        elif 0 <= t < 256 and role is not None:
-            content.append(t)
-        else:
-            raise ValueError(f"token {t} is outside any message")
-    if role is not None and content:
-        messages.append({"role": role, "content": content.decode("utf-8", "replace")})
-    return messages
 
 
 class ServerTokenizer:

@@ -55,6 +55,7 @@ from app.engine.protocol import (
     EngineError,
     ModelInfo,
 )
+from app.engine.remote_wire import WIRE_TEMPLATE
 from app.engine.worker import Priority
 from app.models.names import model_name
 from app.server import auth
@@ -70,7 +71,7 @@ from app.server.http import (
     write_event,
 )
 from app.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
-from app.server.prompts import ChatPrompts, with_tools
+from app.server.prompts import ChatPrompts, passthrough_variables, with_tools
 from app.server.replay import (
     THINK_OPEN,
     ReasoningSplitter,
@@ -358,7 +359,12 @@ class ApiServer:
         info = await self._ready(chat.params)
         source = ChatTemplate(info.chat_template).source
         syntax = syntax_for(source, info.architecture)
-        messages, variables = with_tools(chat.messages, chat.tools, source, syntax)
+        passthrough = source == WIRE_TEMPLATE  # a chat-mode remote: its server does tools
+        messages, variables = (
+            (list(chat.messages), passthrough_variables(chat))
+            if passthrough
+            else with_tools(chat.messages, chat.tools, source, syntax)
+        )
         template = ChatTemplate(
             info.chat_template,
             bos_token=info.bos_token,
@@ -372,7 +378,8 @@ class ApiServer:
             opened = self._opens_reasoning(template)
         except TemplateError as exc:
             raise ApiError(400, f"The model's chat template refused these messages: {exc}") from exc
-        params = constrained(chat, syntax, self.engine.local_tokenizer())
+        tokenizer = self.engine.local_tokenizer()
+        params = chat.params if passthrough else constrained(chat, syntax, tokenizer)
         return _Job("chat", params, prompt, opened, chat.tools, syntax), info
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:

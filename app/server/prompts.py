@@ -11,7 +11,8 @@ Tools: a request's functions reach the model through its template's own `tools` 
 template variable by the caller) or, for a template that never mentions them, as a system
 block in the family's syntax (tool_templates.py); tool results are `tool` messages for the
 template; an assistant message's calls are the reply that made them (replay rule 4) or, new
-to this server, the calls written in the model's own syntax.
+to this server, the calls written in the model's own syntax. A remote engine in chat mode
+gets them as OpenAI's fields instead (passthrough_variables), for its server to apply.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from typing import Any
 
 from app.engine.chat_template import ChatTemplate
 from app.engine.protocol import ModelInfo
+from app.engine.remote_wire import REQUEST_VARIABLE
 from app.engine.transcript import Tokenizer, Transcript
 from app.server.replay import ReplyStore, calls_key
-from app.server.schema import Message
+from app.server.schema import ChatRequest, Message
 from app.server.tool_templates import FAMILIES, ToolSyntax, renders_tools
 from app.server.tools import Tools
 
@@ -89,6 +91,29 @@ class ChatPrompts:
                 while len(self._cached) > self._max_cached:
                     self._cached.popitem(last=False)
         return transcript.prompt()
+
+
+def passthrough_variables(chat: ChatRequest) -> dict[str, Any]:
+    """For a remote engine in chat mode (engine/remote_wire.py), whose server applies tools
+    itself: the request's tools, tool choice and response format as OpenAI's fields, in the
+    one template variable its wire template writes."""
+    fields: dict[str, Any] = {}
+    tools = chat.tools
+    if tools.functions:
+        fields["tools"] = [dict(t) for t in tools.functions]
+        fields["tool_choice"] = (
+            {"type": "function", "function": {"name": tools.name}}
+            if tools.choice == "function"
+            else tools.choice
+        )
+        fields["parallel_tool_calls"] = tools.parallel
+    answer = chat.response_format
+    if answer.kind == "json_object":
+        fields["response_format"] = {"type": "json_object"}
+    elif answer.kind == "json_schema":  # the schema's name is not kept: any name serves
+        spec = {"name": "response", "schema": answer.schema, "strict": answer.strict}
+        fields["response_format"] = {"type": "json_schema", "json_schema": spec}
+    return {REQUEST_VARIABLE: fields or None}
 
 
 def with_tools(

@@ -23,6 +23,7 @@ from app.engine.protocol import (
     FinishReason,
     GenerationStats,
     LoadOptions,
+    ModelInfo,
     ModelLoadError,
     RemoteOptions,
     SamplingParams,
@@ -30,13 +31,14 @@ from app.engine.protocol import (
 )
 from app.engine.remote import RemoteEngine, WireMode
 from app.engine.remote_http import Endpoint, RemoteError, RemoteHTTP
-from app.engine.remote_tokenizers import (
-    BYTES_FINGERPRINT,
-    WIRE_TEMPLATE,
-    ByteTokenizer,
-    messages_of,
-)
+from app.engine.remote_tokenizers import BYTES_FINGERPRINT, ByteTokenizer
+from app.engine.remote_wire import WIRE_TEMPLATE, wire_request
 from app.engine.transcript import Transcript
+from app.server.prompts import ChatPrompts, passthrough_variables
+from app.server.replay import ReplyStore, calls_key
+from app.server.schema import parse_chat
+from app.server.tool_replies import reply_calls
+from app.server.tool_templates import syntax_for
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -174,7 +176,7 @@ def test_wire_transcript_gives_back_the_messages() -> None:
     transcript.add_message("user", "Again")
     second = transcript.prompt()
     assert second[: len(first) + 6] == [*first, *b"Hello!"]
-    assert messages_of(second) == [
+    assert wire_request(second).messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi <|stoke:end|> there"},
         {"role": "assistant", "content": "Hello!"},
@@ -212,6 +214,161 @@ def test_chat_mode_sends_messages_and_reports_the_servers_numbers(server) -> Non
     assert body["messages"] == [{"role": "user", "content": "Hi"}]
     assert body["model"] == "big-model" and body["stream"] is True
     assert "min_p" not in body  # a chat-only server may not know it
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather <|stoke:end|> now",  # a marker's spelling stays text
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def wire_prompt(body: dict, replies: ReplyStore | None = None) -> list[int]:
+    """The chat-mode prompt the API server builds for an OpenAI request body."""
+    chat = parse_chat({"model": "m", **body})
+    template = ChatTemplate(WIRE_TEMPLATE, variables=passthrough_variables(chat))
+    info = ModelInfo(
+        *("http://x", "m", BYTES_FINGERPRINT, "remote", 4096, 4096, 263, WIRE_TEMPLATE),
+        *("", "", False, None, (), "remote", 0),
+    )
+    return ChatPrompts(replies or ReplyStore()).build(
+        chat.messages, template, info, ByteTokenizer()
+    )
+
+
+def test_wire_request_carries_tools_results_and_earlier_calls() -> None:
+    prompt = wire_prompt(
+        {
+            "messages": [
+                {"role": "user", "content": "Paris and Rome?"},
+                {
+                    "role": "assistant",
+                    "content": "Checking.",
+                    "tool_calls": [
+                        {"id": f"c{i}", "function": {"name": "get_weather", "arguments": a}}
+                        for i, a in enumerate(('{"city":"Paris"}', '{ "city": "Rome" }'))
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c0<|stoke:end|>", "content": "Sunny"},
+                {"role": "tool", "content": "Rain"},  # no id: it gets its call's
+            ],
+            "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": False,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True},
+            },
+        }
+    )
+    request = wire_request(prompt)
+    assert request.fields == {
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "response", "schema": {"type": "object"}, "strict": True},
+        },
+    }
+    user, assistant, sunny, rain = request.messages
+    assert user == {"role": "user", "content": "Paris and Rome?"}
+    assert assistant["content"] == "Checking."
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in assistant["tool_calls"]
+    ] == [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]
+    ids = [c["id"] for c in assistant["tool_calls"]]
+    assert sunny == {"role": "tool", "content": "Sunny", "tool_call_id": "c0<|stoke:end|>"}
+    assert rain["tool_call_id"] == ids[1] and ids[0] == "c0<|stoke:end|>"
+    plain = wire_request(wire_prompt({"messages": [{"role": "user", "content": "Hi"}]}))
+    assert plain.fields == {} and plain.messages == [{"role": "user", "content": "Hi"}]
+
+
+def test_chat_mode_passes_tools_through_and_keeps_the_calls_it_gets(server) -> None:
+    url, script = server
+    script.routes[("GET", "/v1/models")] = MODELS
+
+    def call(index: int, **function: str) -> dict:
+        return {"choices": [{"delta": {"tool_calls": [{"index": index, "function": function}]}}]}
+
+    script.routes[("POST", "/v1/chat/completions")] = Route(
+        events=[
+            {"choices": [{"delta": {"role": "assistant", "content": "Let me look."}}]},
+            {
+                "choices": [
+                    {
+                        "delta": {
+                            "tool_calls": [
+                                {
+                                    "index": 0,
+                                    "id": "r0",
+                                    "type": "function",
+                                    "function": {"name": "get_", "arguments": ""},
+                                }
+                            ]
+                        }
+                    }
+                ]
+            },
+            call(0, name="weather", arguments='{"city": '),
+            call(1, name="get_weather", arguments='{"city":"Rome"}'),
+            call(0, arguments='"Paris"}'),
+            {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
+            "[DONE]",
+        ]
+    )
+    engine = load(url, "chat")
+    body = {
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+    }
+    tokens, stats = collect(engine.generate(wire_prompt(body), SamplingParams.greedy(), 64))
+    sent = script.requests[-1][2]
+    assert sent["tools"] == [WEATHER] and sent["tool_choice"] == "required"
+    assert sent["parallel_tool_calls"] is True and "response_format" not in sent
+    assert sent["messages"] == [{"role": "user", "content": "Weather?"}]
+    text = "".join(t.text for t in tokens)
+    assert bytes(t.token_id for t in tokens).decode() == text
+    assert stats.finish_reason == FinishReason.STOP
+    # the API server reads the calls from the reply as from any model's
+    chat = parse_chat({"model": "m", **body})
+    content, calls = reply_calls(chat.tools, syntax_for(WIRE_TEMPLATE), text)
+    assert content == "Let me look."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_weather", {"city": "Rome"}),
+    ]
+    # and the next turn sends them back as calls, answered by the results that follow
+    replies = ReplyStore()
+    replies.put(
+        text,
+        [t.token_id for t in tokens],
+        BYTES_FINGERPRINT,
+        content=content,
+        calls=calls_key(content, [c.canonical() for c in calls]),
+    )
+    follow = {
+        **body,
+        "messages": [
+            *body["messages"],
+            {"role": "assistant", "content": content, "tool_calls": [c.openai() for c in calls]},
+            *({"role": "tool", "tool_call_id": c.id, "content": "Sunny"} for c in calls),
+        ],
+    }
+    prompt = wire_prompt(follow, replies)
+    assert text in ByteTokenizer().detokenize(prompt)  # the reply as the remote wrote it
+    again = wire_request(prompt).messages
+    assert again[1]["content"] == "Let me look."
+    assert [c["id"] for c in again[1]["tool_calls"]] == [c.id for c in calls]
+    assert [c["function"]["arguments"] for c in again[1]["tool_calls"]] == [
+        '{"city": "Paris"}',
+        '{"city": "Rome"}',
+    ]
 
 
 # -- token modes ------------------------------------------------------------------------------
