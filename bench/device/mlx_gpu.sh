@@ -27,7 +27,8 @@ case "${1:-}" in
   4) ;;
   *) echo "usage: $0 1|2|3|4 (see the top of this file)"; exit 1 ;;
 esac
-[ "${1}" = 4 ] || exit $?
+rc=$?
+[ "$1" = 4 ] || exit $rc
 OUT=${OUT:-$root/out}
 mkdir -p "$OUT"
 here=.device/gpu-4
