@@ -50,14 +50,9 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 # Text the template writes itself (the request, a call id) has `<|` escaped inside its JSON
 # strings, so no value a client sends can spell a marker.
 _JSON = "| tojson | replace('<|', '<\\\\u007c')"
-WIRE_TEMPLATE = (
-    "{% if "
-    + REQUEST_VARIABLE
-    + " %}<|stoke:request|>{{ "
-    + REQUEST_VARIABLE
-    + " "
-    + _JSON
-    + " }}<|stoke:end|>{% endif %}"
+WIRE_TEMPLATE = (  # REQUEST_VARIABLE by name
+    "{% if stoke_request %}<|stoke:request|>{{ stoke_request " + _JSON + " }}<|stoke:end|>"
+    "{% endif %}"
     "{% for message in messages %}<|stoke:{{ message['role'] }}|>"
     "{% if message['role'] == 'tool' and message['tool_call_id'] %}"
     "{{ message['tool_call_id'] " + _JSON + " }}<|stoke:sep|>{% endif %}"
