@@ -26,6 +26,7 @@ HEADER = Path(__file__).with_name("metal_on_cpu.h")
 CACHE = Path(tempfile.gettempdir()) / "stoke-metal-on-cpu"
 FLAGS = ("-std=c++20", "-O1", "-pthread", "-w", "-fno-strict-aliasing")
 MLX_METAL_KERNEL = mx.fast.metal_kernel
+STUBS = ("metal_simdgroup", "metal_simdgroup_matrix", "metal_stdlib")  # the headers MSL includes
 
 _PARAM = re.compile(
     r"^\s*(?:const )?(?P<space>constant|device) (?P<type>\w+)(?P<ref>[*&]) (?P<name>\w+)"
@@ -185,20 +186,25 @@ def build(source: str, cxx: str, *, link: bool = True) -> Path:
     binary = folder / ("kernel" if link else "kernel.o")
     if not binary.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "metal_on_cpu.h").write_text(header)
-        for stub in ("metal_simdgroup", "metal_simdgroup_matrix", "metal_stdlib"):
-            (folder / stub).write_text('#include "metal_on_cpu.h"\n')
-        (folder / "kernel.cpp").write_text(source)
+        files = {"metal_on_cpu.h": header}
+        files |= dict.fromkeys(STUBS, '#include "metal_on_cpu.h"\n')
+        for file_name, text in files.items():  # replaced whole: a compile beside never sees half
+            staged = folder / f"{file_name}.{os.getpid()}"
+            staged.write_text(text)
+            staged.replace(folder / file_name)
+        own = folder / f"kernel.{os.getpid()}.cpp"  # sessions side by side never share a file
+        own.write_text(source)
         partial = folder / f"kernel.{os.getpid()}"
         command = [cxx, *FLAGS, *([] if link else ["-c"]), "-I", str(folder)]
         done = subprocess.run(
-            [*command, str(folder / "kernel.cpp"), "-o", str(partial)],
+            [*command, str(own), "-o", str(partial)],
             capture_output=True,
             text=True,
         )
         if done.returncode:
             raise EmulationError(f"the kernel did not compile:\n{done.stderr[-6000:]}")
         partial.replace(binary)
+        own.replace(folder / "kernel.cpp")
     _built[key] = binary
     return binary
 
