@@ -68,11 +68,12 @@ class LoadOptions:
     n_threads: int | None = None
     n_gpu_layers: int = 0
     n_seq_max: int = 4  # conversations resident at once
-    # llama.cpp's KV layout. False: each resident conversation has a stream of its own of
-    # n_ctx cells (n_seq_max x n_ctx in all, as deepseek4's caches always are), so a prefill
-    # attends over its own conversation only. True: they share one pool of n_ctx cells (less
-    # memory, but every prefill attends over every resident's cells; an n_ctx past the
-    # model's training context then sizes the pool, each conversation still within it).
+    # How the resident conversations hold their KV. False: each has room for n_ctx of its own
+    # (llama.cpp: a KV stream each, n_seq_max x n_ctx cells in all, as deepseek4's caches
+    # always are; MLX: a cache each within that), so a prefill attends over its own
+    # conversation only. True: they share one pool of n_ctx cells (less memory, but on
+    # llama.cpp every prefill attends over every resident's cells); an n_ctx past the model's
+    # training context then sizes the pool, each conversation still within its window.
     kv_unified: bool = False
     flash_attn: bool = False
     chat_template: str | None = None  # overrides the model's own template

@@ -158,7 +158,8 @@ class MlxEngine(SlotEngine[_Slot]):
         self._loaded, self._options = loaded, options
         train = loaded.n_ctx_train
         self._n_ctx = min(options.n_ctx, train) if train > 0 else options.n_ctx
-        self._pool = self._n_ctx  # the slots' caches grow in RAM: one window for them all
+        # The slots' caches grow in RAM: a window each, as llama.cpp's streams, or one pool.
+        self._pool = options.n_ctx if options.kv_unified else self._n_ctx * options.n_seq_max
         self._trimmable = can_trim_prompt_cache(make_prompt_cache(loaded.model))
         self._speculates = self._trimmable  # refused drafts are trimmed from the cache
         self._eog = frozenset(loaded.eog_ids)
