@@ -7,6 +7,11 @@ before the engine is waited for or even started; the reply is saved while it str
 leaves it in memory until there is room; and the prompt comes from the conversation's
 Transcript, so each turn appends to the tokens the engine already holds. The CLI and the
 window both drive turns through ChatSession; it knows nothing of terminals or Qt.
+
+Tool calls and results (imported, or recorded from the API) go to the template as the server
+sends them: a result is a `tool` message naming its call, and a reply's calls are its exact
+tokens when this model made them, else written in the model family's syntax, which the
+caller hands in (`tool_syntax`: the server's, a room above this one).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from app.conversations import (
     Conversation,
@@ -25,6 +30,7 @@ from app.conversations import (
     Message,
     StoreError,
     StoreFullError,
+    ToolCall,
 )
 from app.engine.chat_template import ChatTemplate
 from app.engine.host import EngineClient, EngineCrashedError, EngineState, Generation
@@ -101,6 +107,15 @@ class TurnResult:
         }
 
 
+class CallWriter(Protocol):
+    def render(self, calls: Sequence[ToolCall]) -> str:
+        """The reply text that makes these calls, as the model writes them."""
+        ...
+
+
+# (chat template source, model architecture) -> the model family's tool-call syntax
+ToolSyntaxOf = Callable[[str, str], CallWriter]
+
 OnToken = Callable[[TokenEvent], None]
 OnStart = Callable[[Message, Message], None]  # (user message, reply being written)
 
@@ -159,9 +174,15 @@ def _budget(max_tokens: int, continuing: Message | None, held: int) -> int:
 class ChatSession:
     """Turns for any conversation of one store, on one engine."""
 
-    def __init__(self, store: ConversationStore, engine: EngineClient) -> None:
+    def __init__(
+        self,
+        store: ConversationStore,
+        engine: EngineClient,
+        tool_syntax: ToolSyntaxOf | None = None,
+    ) -> None:
         self.store = store
         self.engine = engine
+        self.tool_syntax = tool_syntax
         self._transcripts: dict[str, _Cached] = {}  # by conversation id
         self._active: Generation | None = None
         self._unsaved: dict[str, dict[str, Any]] = {}  # reply id -> the write a full disk refused
@@ -488,15 +509,7 @@ class ChatSession:
     def _build(self, conversation: Conversation, history: list[Message]) -> Transcript:
         info = self.info
         turns = [Turn("system", conversation.system_prompt)] if conversation.system_prompt else []
-        turns += [
-            Turn(
-                m.role,
-                user_content(m.content, m.attachments or ()) if m.role == "user" else m.content,
-                tuple(m.token_ids) if m.token_ids is not None else None,
-                m.tokens_fingerprint,
-            )
-            for m in history
-        ]
+        turns += [self._as_turn(m) for m in history]
         return Transcript.from_turns(
             turns,
             template=self.template(conversation),
@@ -506,14 +519,37 @@ class ChatSession:
             add_bos=info.add_bos,
         )
 
-    @staticmethod
-    def _add(transcript: Transcript, message: Message) -> None:
-        if message.role == "assistant":
-            tokens = tuple(message.token_ids) if message.token_ids is not None else None
-            transcript.add_reply(message.content, tokens, message.tokens_fingerprint)
+    def _add(self, transcript: Transcript, message: Message) -> None:
+        turn = self._as_turn(message)
+        if turn.role == "assistant":
+            transcript.add_reply(turn.text, turn.tokens, turn.fingerprint)
         else:
-            text = user_content(message.content, message.attachments or ())
-            transcript.add_message(message.role, text)
+            transcript.add_message(turn.role, turn.text, turn.fields)
+
+    def _as_turn(self, message: Message) -> Turn:
+        """A stored message as the transcript reads it: a user's with its files, a tool
+        result with the call it answers, a reply as its exact tokens or, for calls this model
+        did not make, their text in its family's syntax (as the server writes them)."""
+        if message.role == "user":
+            return Turn("user", user_content(message.content, message.attachments or ()))
+        if message.role == "tool":
+            fields = (("tool_call_id", message.tool_call_id), ("name", message.tool_name))
+            return Turn("tool", message.content, fields=tuple((k, v) for k, v in fields if v))
+        tokens = tuple(message.token_ids) if message.token_ids is not None else None
+        exact = tokens is not None and message.tokens_fingerprint == self.info.fingerprint
+        if not message.tool_calls or exact:
+            return Turn("assistant", message.content, tokens, message.tokens_fingerprint)
+        if self.tool_syntax is None:
+            raise EngineError(
+                "This conversation holds tool calls another model made, and this session was "
+                "given no tool-call syntax to write them for this one."
+            )
+        syntax = self.tool_syntax(self.template().source, self.info.architecture)
+        written = syntax.render(message.tool_calls)
+        content = message.content + "\n" if message.content else ""
+        tokenizer = self.engine.local_tokenizer()
+        ids = tokenizer.tokenize(content) + tokenizer.tokenize(written, special=True)
+        return Turn("assistant", content + written, tuple(ids), self.info.fingerprint)
 
     def _fit(
         self,

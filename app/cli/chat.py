@@ -23,6 +23,7 @@ from app.engine.protocol import (
 from app.engine.remote import MODES
 from app.launch import load_options_of
 from app.models.names import model_name
+from app.server.tool_templates import syntax_for
 from app.session import ChatSession, MessageTooLongError, ReplyNotSavedError, TurnResult
 
 HELP = """Commands:
@@ -106,7 +107,7 @@ async def _run(args: argparse.Namespace, store: ConversationStore) -> int:
     client = EngineClient(load_options_of(args), log_path=paths.cache_dir() / "engine.log")
     if not args.json:  # --json carries them in its output instead
         client.add_notice_listener(_warn)
-    session = ChatSession(store, client)
+    session = ChatSession(store, client, tool_syntax=syntax_for)
     conversation = _pick_conversation(args, store)
     try:
         if args.message is None and not sys.stdin.isatty() and not args.json:
@@ -262,9 +263,12 @@ def _show_history(store: ConversationStore, conversation: Conversation) -> None:
     title = conversation.title or "new conversation"
     print(f"— {title} ({conversation.id[:8]}, {len(path)} messages) —")
     for message in path[-6:]:
-        who = "you" if message.role == "user" else "stoke"
+        who = {"user": "you", "tool": f"result of {message.tool_name or 'a tool'}"}.get(
+            message.role, "stoke"
+        )
         mark = " [interrupted]" if message.status == "interrupted" else ""
-        print(f"{who}: {message.content}{mark}")
+        calls = "".join(f" [called {call.name}]" for call in message.tool_calls)
+        print(f"{who}: {message.content}{calls}{mark}")
 
 
 def _print_list(store: ConversationStore) -> None:
