@@ -82,7 +82,7 @@ class ContextShape:
     n_ubatch: int = 512
     kv_type: str = "f16"
     n_seq_max: int = 1
-    kv_unified: bool = True
+    kv_unified: bool = False  # LoadOptions.kv_unified: one pool of n_ctx, not a window each
     swa_full: bool | None = None
     flash_attn: bool = True
 
@@ -99,10 +99,13 @@ class ContextShape:
 
     @property
     def kv_size(self) -> int:
-        """Cells per stream: llama.cpp pads n_ctx to 256, and splits it per sequence unless the
-        KV cache is unified."""
-        n_ctx = pad(self.n_ctx)
-        return n_ctx if self.kv_unified else pad(n_ctx // self.n_seq_max)
+        """Cells per stream, n_ctx padded to 256: Stoke's engine gives each resident
+        conversation a stream of one window (or, unified, one pool of that size)."""
+        return pad(self.n_ctx)
+
+    @property
+    def n_streams(self) -> int:
+        return 1 if self.kv_unified else self.n_seq_max
 
 
 # -- metadata -------------------------------------------------------------------------------
@@ -184,7 +187,7 @@ def _standard_kv(info: GGUFInfo, shape: ContextShape) -> KVBreakdown:
     """n_layer x cells x n_head_kv x (k + v) x element size; MLA models keep one compressed
     row (kv_lora_rank + rope dims) per cell, which flash attention also reads as V."""
     n_layer = info.block_count or 0
-    cells = pad(shape.n_ctx)  # unified or not, the streams add up to the padded context
+    cells = shape.kv_size * shape.n_streams
     lora = _meta(info, "attention.kv_lora_rank")
     by_layer: dict[int, int] = {}
     if lora:
@@ -399,7 +402,7 @@ def _structural_compute(
     n_head = max(_per_layer(info, "attention.head_count", 32) or [32])
     n_ff = int(_meta(info, "feed_forward_length", 4 * embd) or 4 * embd)  # type: ignore[arg-type]
     n_ff = max(n_ff, int(_meta(info, "expert_feed_forward_length", 0) or 0) * 8)  # type: ignore[arg-type]
-    cells = pad(shape.n_ctx) if shape.kv_unified else pad(shape.kv_size)
+    cells = shape.kv_size  # one stream's: a micro-batch attends over its own sequence's
     attention = ub * cells * (2 if shape.flash_attn else 4 * n_head)
     activations = ub * 4 * (6 * embd + 3 * n_ff)
     logits = ub * (info.vocab_size or 32_000) * 4
@@ -487,7 +490,7 @@ def measure_dry_run(
     """
     import llama_cpp
 
-    from app.engine.llamacpp.backend import _install_log
+    from app.engine.llamacpp.backend import _install_log, keeps_own_streams
     from app.engine.llamacpp.overrides import apply_overrides
 
     log = _install_log()
@@ -506,11 +509,12 @@ def measure_dry_run(
             raise RuntimeError(f"llama.cpp could not read {path}: {log.reason()}")
         try:
             cparams = llama_cpp.llama_context_default_params()
-            cparams.n_ctx = n_ctx
+            shared = keeps_own_streams(model)  # the layout Stoke's engine gives it
+            cparams.n_ctx = n_ctx if shared else n_ctx * n_seq_max
             cparams.n_batch = max(n_ubatch, 512)
             cparams.n_ubatch = n_ubatch
             cparams.n_seq_max = n_seq_max
-            cparams.kv_unified = True
+            cparams.kv_unified = shared
             cparams.swa_full = swa_full
             cparams.offload_kqv = kv_offload
             cparams.type_k = cparams.type_v = KV_TYPE_IDS[kv_type]

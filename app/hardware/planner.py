@@ -196,7 +196,7 @@ def _assemble(
             f"{shape.n_seq_max} sequences: llama.cpp keeps deepseek4's caches once per "
             "sequence, and the compute buffers are scaled from one measurement."
             if is_dsv4(info)
-            else f"{shape.n_seq_max} sequences share the context's cells."
+            else f"{shape.n_seq_max} sequences: each keeps a KV stream of the whole context."
         )
     layer_bytes = max((sum(g.n_bytes for g in gs) for gs in pieces.groups.values()), default=0)
     n_layer = pieces.n_units - 1

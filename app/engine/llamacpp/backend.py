@@ -173,6 +173,12 @@ def window(options: LoadOptions, n_ctx_train: int) -> int:
     return min(options.n_ctx, n_ctx_train) if n_ctx_train > 0 else options.n_ctx
 
 
+def keeps_own_streams(model: llama_cpp.llama_model_p) -> bool:
+    """Hybrid and recurrent memories (deepseek4's) keep a stream per sequence whatever the
+    layout asked for: they get the shared layout their memory was measured in."""
+    return bool(llama_cpp.llama_model_is_hybrid(model) or llama_cpp.llama_model_is_recurrent(model))
+
+
 def _context_params(
     options: LoadOptions, model: LlamaModel, n_ctx_train: int
 ) -> llama_cpp.llama_context_params:
@@ -180,11 +186,15 @@ def _context_params(
     (llama.cpp splits n_ctx evenly between them), or one pool they share."""
     cparams = llama_cpp.llama_context_default_params()
     size = window(options, n_ctx_train)
-    cparams.n_ctx = options.n_ctx if options.kv_unified else size * options.n_seq_max
+    if keeps_own_streams(model.ptr):
+        cparams.kv_unified, cparams.n_ctx = True, size
+    elif options.kv_unified:
+        cparams.kv_unified, cparams.n_ctx = True, options.n_ctx
+    else:
+        cparams.kv_unified, cparams.n_ctx = False, size * options.n_seq_max
     cparams.n_batch = options.n_batch
     cparams.n_ubatch = min(options.n_ubatch, options.n_batch)
     cparams.n_seq_max = options.n_seq_max
-    cparams.kv_unified = options.kv_unified
     hybrid = llama_cpp.llama_model_is_hybrid(model.ptr)
     cparams.swa_full = options.swa_full if options.swa_full is not None else not hybrid
     if options.kv_type not in KV_TYPES:
@@ -289,17 +299,14 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             batch = stack.enter_context(LlamaBatch(options.n_batch))
             self._model, self._ctx, self._batch, self._options = model, ctx, batch, options
             self._vocab = Vocab(model.ptr)
-            if options.kv_unified:
+            if cparams.kv_unified:
                 self._pool = llama_cpp.llama_n_ctx(ctx.ptr)
                 self._n_ctx = min(self._pool, window(options, n_ctx_train))
             else:
                 self._pool, self._n_ctx = 0, llama_cpp.llama_n_ctx_seq(ctx.ptr)
             # Hybrid and recurrent memories (deepseek4's compressor state) copy only whole
             # sequences; a partial seq_cp aborts the process.
-            self._copies_prefixes = not (
-                llama_cpp.llama_model_is_hybrid(model.ptr)
-                or llama_cpp.llama_model_is_recurrent(model.ptr)
-            )
+            self._copies_prefixes = not keeps_own_streams(model.ptr)
             self._speculates = self._copies_prefixes  # refused drafts need a cut anywhere
             self._free_seq_ids = list(range(options.n_seq_max))
             self._eog = self._vocab.eog_ids()
