@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
-SPECULATION_MODES = ("auto", "lookup", "draft", "off")  # LoadOptions.speculation
+SPECULATION_MODES = ("auto", "lookup", "draft", "mtp", "off")  # LoadOptions.speculation
 MIN_NGRAM = 2  # a single repeated token says too little to bet a batch on
 MAX_NGRAM = 5
 KEPT_INDEXES = 8  # conversations whose n-gram index is kept between requests

@@ -13,6 +13,13 @@ GGUFs that follow llama.cpp's own loader (vendored in llama-cpp-python 0.3.36:
   hyper-connections, shared expert) at toy sizes with seeded random weights in types the
   CPU backend runs, so llama.cpp really loads it and generates (gibberish).
 
+`mtp=True` appends DeepSeek V4's multi-token-prediction block as llama.cpp's loader reads it
+from one file: block `n_layer` (raw window attention, routed MoE, hyper-connections) plus its
+`nextn.eh_proj/enorm/hnorm/shared_head_norm` (the token embedding, output head and hc head are
+shared with the trunk, as the converter writes them), `block_count` n_layer + 1 and
+`nextn_predict_layers` 1. The catalog's full-size layout stays without it: llama.cpp's converter
+leaves the MTP block out of the model file (`--mtp` writes it to a file of its own).
+
 The installed gguf-py does not know `deepseek4`, so keys are written by name.
 """
 
@@ -151,8 +158,9 @@ class TensorSpec:
     role: str
 
 
-def tensor_specs(d: Dims) -> Iterator[TensorSpec]:
-    """Every tensor llama.cpp's deepseek4 loader creates (no MTP block), in its shapes."""
+def tensor_specs(d: Dims, *, mtp: bool = False) -> Iterator[TensorSpec]:
+    """Every tensor llama.cpp's deepseek4 loader creates, in its shapes; with `mtp` the MTP
+    block after the trunk's layers too."""
     hc_dim, hc_mix = d.hc_mult * d.n_embd, (2 + d.hc_mult) * d.hc_mult
     yield TensorSpec("token_embd.weight", (d.n_embd, d.n_vocab), "embedding")
     yield TensorSpec("output_norm.weight", (d.n_embd,), "f32")
@@ -160,8 +168,13 @@ def tensor_specs(d: Dims) -> Iterator[TensorSpec]:
     yield TensorSpec("output_hc_fn.weight", (hc_dim, d.hc_mult), "f32")
     yield TensorSpec("output_hc_base.weight", (d.hc_mult,), "f32")
     yield TensorSpec("output_hc_scale.weight", (1,), "f32")
-    for il in range(d.n_layer):
+    for il in range(d.n_layer + int(mtp)):
         b = f"blk.{il}."
+        if il == d.n_layer:  # the MTP block: [enorm(embed); hnorm(h)] -> eh_proj -> block
+            yield TensorSpec(b + "nextn.eh_proj.weight", (2 * d.n_embd, d.n_embd), "dense")
+            yield TensorSpec(b + "nextn.enorm.weight", (d.n_embd,), "f32")
+            yield TensorSpec(b + "nextn.hnorm.weight", (d.n_embd,), "f32")
+            yield TensorSpec(b + "nextn.shared_head_norm.weight", (d.n_embd,), "f32")
         yield TensorSpec(b + "attn_norm.weight", (d.n_embd,), "f32")
         yield TensorSpec(b + "attn_sinks.weight", (d.n_head,), "f32")
         yield TensorSpec(b + "attn_q_a.weight", (d.n_embd, d.q_lora_rank), "dense")
@@ -179,7 +192,7 @@ def tensor_specs(d: Dims) -> Iterator[TensorSpec]:
             yield TensorSpec(b + f"hc_{stage}_fn.weight", (hc_dim, hc_mix), "f32")
             yield TensorSpec(b + f"hc_{stage}_base.weight", (hc_mix,), "f32")
             yield TensorSpec(b + f"hc_{stage}_scale.weight", (3,), "f32")
-        ratio = d.compress_ratio(il)
+        ratio = d.compress_ratio(il) if il < d.n_layer else 0  # MTP: raw window only
         if ratio:
             width = (2 if ratio == 4 else 1) * d.head_dim  # 4:1 windows overlap: two halves
             yield TensorSpec(b + "attn_compressor_kv.weight", (d.n_embd, width), "compressor")
@@ -237,9 +250,10 @@ def _vocabulary(n_vocab: int) -> tuple[list[str], list[int]]:
     return tokens, [int(t) for t in types]
 
 
-def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode, tokenizer_pre: str) -> None:
+def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode, tokenizer_pre: str, mtp: bool) -> None:
     a = ARCH
-    ratios = [d.compress_ratio(il) for il in range(d.n_layer)]
+    ratios = [d.compress_ratio(il) for il in range(d.n_layer)] + [0] * int(mtp)
+    n_blocks = d.n_layer + int(mtp)
     if mode == "full":
         w.add_name("DeepSeek-V4-Flash-0731 (synthetic: real layout, no weights)")
         w.add_file_type(LlamaFileType.MOSTLY_MXFP4_MOE)
@@ -250,7 +264,9 @@ def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode, tokenizer_pre: str) -> Non
     w.add_uint32(f"{a}.context_length", d.n_ctx_train)
     w.add_uint32(f"{a}.embedding_length", d.n_embd)
     w.add_uint32(f"{a}.embedding_length_out", d.n_embd * d.hc_mult)
-    w.add_uint32(f"{a}.block_count", d.n_layer)
+    w.add_uint32(f"{a}.block_count", n_blocks)
+    if mtp:
+        w.add_uint32(f"{a}.nextn_predict_layers", 1)
     w.add_uint32(f"{a}.attention.head_count", d.n_head)
     w.add_uint32(f"{a}.attention.head_count_kv", 1)
     w.add_uint32(f"{a}.attention.key_length", d.head_dim)
@@ -279,8 +295,8 @@ def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode, tokenizer_pre: str) -> Non
     w.add_float32(f"{a}.expert_weights_scale", 1.5)
     w.add_bool(f"{a}.expert_weights_norm", True)
     w.add_uint32(f"{a}.expert_gating_func", SQRT_SOFTPLUS)
-    w.add_array(f"{a}.swiglu_clamp_exp", [10.0] * d.n_layer)
-    w.add_array(f"{a}.swiglu_clamp_shexp", [10.0] * d.n_layer)
+    w.add_array(f"{a}.swiglu_clamp_exp", [10.0] * n_blocks)
+    w.add_array(f"{a}.swiglu_clamp_shexp", [10.0] * n_blocks)
     w.add_uint32(f"{a}.hash_layer_count", d.hash_layers)
     w.add_uint32(f"{a}.hyper_connection.count", d.hc_mult)
     w.add_uint32(f"{a}.hyper_connection.sinkhorn_iterations", 20)
@@ -315,9 +331,9 @@ def _random_tensor(spec: TensorSpec, qtype: Q, d: Dims, rng: np.random.Generator
     return data.astype(np.float16 if qtype == Q.F16 else np.float32)
 
 
-def _write_sparse(writer: GGUFWriter, d: Dims) -> None:
+def _write_sparse(writer: GGUFWriter, d: Dims, mtp: bool) -> None:
     """Header and tensor infos for real; the data region is only a length (a hole)."""
-    for spec in tensor_specs(d):
+    for spec in tensor_specs(d, mtp=mtp):
         qtype = _FULL_TYPES[spec.role]
         numpy_shape = tuple(reversed(spec.shape))
         size = _n_bytes(spec.shape, qtype)
@@ -333,9 +349,9 @@ def _write_sparse(writer: GGUFWriter, d: Dims) -> None:
 
 
 def _write_random(
-    writer: GGUFWriter, d: Dims, rng: np.random.Generator, types: dict[str, Q]
+    writer: GGUFWriter, d: Dims, rng: np.random.Generator, types: dict[str, Q], mtp: bool
 ) -> None:
-    for spec in tensor_specs(d):
+    for spec in tensor_specs(d, mtp=mtp):
         qtype = types[spec.role]
         data = _random_tensor(spec, qtype, d, rng)
         writer.add_tensor(spec.name, data, raw_dtype=qtype if qtype == Q.Q8_0 else None)
@@ -351,6 +367,7 @@ def write_deepseek4(
     seed: int = 0,
     tokenizer_pre: str = "deepseek-v3",
     weights: Weights = "quantized",
+    mtp: bool = False,
     **dims: int,
 ) -> Path:
     """Write a deepseek4 GGUF at `path`; `dims` override fields of `Dims` for that mode.
@@ -358,7 +375,7 @@ def write_deepseek4(
     `tokenizer_pre` is DeepSeek's own pre-tokenizer by default; "gpt-2" splits text without
     std::regex, which a CUDA build of llama-cpp-python crashed in while loading the vocab.
     `weights` (scaled mode): "quantized" (Q8_0 experts and projections) or every matrix in
-    "f16"/"f32"."""
+    "f16"/"f32". `mtp` appends the MTP block (the module docstring says how)."""
     if mode not in ("full", "scaled"):
         raise ValueError(f"mode must be 'full' or 'scaled', not {mode!r}")
     types = _scaled_types(weights)
@@ -366,11 +383,11 @@ def write_deepseek4(
     d = dataclasses.replace(FLASH if mode == "full" else SCALED, **dims)
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(out, ARCH)
-    _add_metadata(writer, d, mode, tokenizer_pre)
+    _add_metadata(writer, d, mode, tokenizer_pre, mtp)
     if mode == "full":
-        _write_sparse(writer, d)
+        _write_sparse(writer, d, mtp)
     else:
-        _write_random(writer, d, np.random.default_rng(seed), types)
+        _write_random(writer, d, np.random.default_rng(seed), types, mtp)
     writer.close()
     return out
 

@@ -26,5 +26,6 @@ python3 -m pip download -q --no-deps $py -d .device/gpu-4 \
   platformdirs==4.14.9 gguf==0.19.0 keyring==25.7.0 jaraco.classes==3.4.0 jaraco.context==6.1.2 \
   jaraco.functools==4.6.0 more-itertools==11.2.1 llguidance==1.9.1 openai==3.57.0 distro==1.9.0 \
   jiter==0.19.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
-  typing-inspection==0.4.5 typing-extensions==4.16.0 sniffio==1.3.1
+  typing-inspection==0.4.5 typing-extensions==4.16.0 sniffio==1.3.1 httpx2==2.16.2 httpcore2==2.16.2 \
+  truststore==0.10.5 anyio==4.16.0 idna==3.20 h11==0.16.0
 du -sh .device/mlx-a .device/llama .device/gpu-1 .device/mlx-b .device/gpu-2 .device/gpu-3 .device/gpu-4

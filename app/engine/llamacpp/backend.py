@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import logging
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -29,9 +30,11 @@ from gguf import GGMLQuantizationType
 from app.engine.constraint import Constraint, tokenizer_from_vocab
 from app.engine.llamacpp import cpu_buffers
 from app.engine.llamacpp.handles import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
+from app.engine.llamacpp.mtp import LlamaMtpHead, hidden_rows, nextn_api
 from app.engine.llamacpp.overrides import apply_overrides
 from app.engine.logprobs import NO_SCORES, Scores, scores
 from app.engine.model_file import check_gguf, fingerprint
+from app.engine.mtp import HiddenRows, MtpDrafter
 from app.engine.protocol import (
     ContextOverflowError,
     EngineError,
@@ -41,12 +44,18 @@ from app.engine.protocol import (
     SamplingParams,
 )
 from app.engine.slots import Slot, SlotEngine
+from app.engine.speculate import MAX_DRAFT
+
+logger = logging.getLogger("stoke.engine.llamacpp")
 
 _LOG_LINES = 200
 KV_TYPES = {  # the KV cache element types llama.cpp accepts (the planner offers the same)
     name: int(GGMLQuantizationType[name.upper()])
     for name in ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 }
+# Recurrent-state snapshots a hybrid memory (deepseek4's compressors) keeps per sequence, so
+# refused drafts can be cut after a verify: the longest draft, its pending token and one more.
+ROLLBACK = max(MAX_DRAFT.values()) + 2
 
 
 class _LlamaLog:
@@ -85,6 +94,7 @@ class _Sequence(Slot):
     """One KV sequence of the shared context."""
 
     seq_id: int
+    hidden: HiddenRows | None = None  # the last positions' hidden states, for an MTP head
 
 
 class Vocab:
@@ -269,6 +279,9 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         self._free_seq_ids: list[int] = []
         self._logits_ready: tuple[int, int] | None = None  # (seq_id, n_tokens) of last logits
         self._lltokenizer: llguidance.LLTokenizer | None = None  # for grammars, once asked
+        self._keep_hidden = 0  # hidden states kept per slot (an MTP drafter asks for them)
+        self._nextn = None  # llama.cpp's hidden-state calls, once an MTP head is open
+        self._cparams: llama_cpp.llama_context_params | None = None
 
     # -- loading --------------------------------------------------------------------------
 
@@ -277,6 +290,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         path = check_gguf(options.model_path)
         mparams = cpu_buffers.model_params(options.cpu_buffers)  # this CPU's safe types
         mparams.n_gpu_layers = options.n_gpu_layers
+        mparams.load_mtp = options.speculation in ("auto", "mtp")  # where the GGUF has one
         if options.overrides:
             mparams.use_extra_bufts = False  # host experts in a plain buffer, as planned
         keepalive = apply_overrides(
@@ -288,6 +302,8 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             del keepalive  # llama.cpp has read the override patterns
             n_ctx_train = llama_cpp.llama_model_n_ctx_train(model.ptr)
             cparams = _context_params(options, model, n_ctx_train)
+            if options.speculation != "off":
+                cparams.n_rs_seq = ROLLBACK  # ignored by models whose memory cuts anywhere
             ctx = LlamaContext.create(model, cparams)
             if ctx is None:
                 reason = _install_log().reason() or "not enough memory for the context"
@@ -307,7 +323,9 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             # Hybrid and recurrent memories (deepseek4's compressor state) copy only whole
             # sequences; a partial seq_cp aborts the process.
             self._copies_prefixes = not keeps_own_streams(model.ptr)
-            self._speculates = self._copies_prefixes  # refused drafts need a cut anywhere
+            # refused drafts need a cut anywhere, or within a hybrid's rollback snapshots
+            self._speculates = self._copies_prefixes or llama_cpp.llama_n_rs_seq(ctx.ptr) > 0
+            self._cparams = cparams
             self._free_seq_ids = list(range(options.n_seq_max))
             self._eog = self._vocab.eog_ids()
             info = self._describe(path, n_ctx_train, self._vocab.n_tokens)
@@ -350,6 +368,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
                 handle.close()
         self._model = self._ctx = self._vocab = self._batch = None
         self._logits_ready = None
+        self._nextn = self._cparams = None
         self._lltokenizer = None
 
     # -- tokens ---------------------------------------------------------------------------
@@ -385,6 +404,8 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, -1, -1)
         if self._logits_ready and self._logits_ready[0] == seq.seq_id:
             self._logits_ready = None
+        if seq.hidden is not None:
+            seq.hidden.cut(keep)
         return keep
 
     def _has_logits(self, seq: _Sequence) -> bool:
@@ -440,6 +461,34 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             raise EngineError(f"llama.cpp failed to evaluate the prompt (code {rc}).")
         seq.tokens.extend(chunk)
         self._logits_ready = (seq.seq_id, len(seq.tokens)) if want_logits else None
+        if self._keep_hidden and self._nextn is not None:
+            width = llama_cpp.llama_model_n_embd_out(self._model.ptr)
+            rows = hidden_rows(self._nextn, self._ctx, len(chunk), width, self._keep_hidden)
+            if seq.hidden is None:
+                seq.hidden = HiddenRows(self._keep_hidden)
+            seq.hidden.record(len(seq.tokens) - len(rows), rows, len(rows))
+
+    def _open_drafters(self, options: LoadOptions, info: ModelInfo) -> None:
+        """The shared drafters, and the model's own MTP head after prompt lookup when the
+        GGUF carries one (`load_mtp` loaded it) and the options allow it."""
+        super()._open_drafters(options, info)
+        if not self._speculates or options.speculation not in ("auto", "mtp"):
+            return
+        if llama_cpp.llama_model_n_layer_nextn(self._model.ptr) <= 0:
+            return
+        api = nextn_api()
+        window = int(self._meta(f"{info.architecture}.attention.sliding_window") or 0)
+        head = None
+        if api is not None and window > 0:
+            head = LlamaMtpHead.open(api, self._model, self._cparams, window)
+        if head is None:
+            logger.warning("no MTP drafter: %s", _install_log().reason() or "not supported")
+            return
+        api.set(self._ctx.ptr, True, False)  # the target hands out every token's state
+        self._nextn = api
+        drafter = MtpDrafter(self, head, self._cparams.n_seq_max)
+        lookup = [d for d in self._drafters if d.free]
+        self._drafters[len(lookup) : len(lookup)] = [drafter]
 
     def _verify(self, seq: _Sequence, chunk: list[int]) -> np.ndarray:
         self._forward(seq, chunk, want_logits=True, every=True)
