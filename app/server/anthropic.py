@@ -5,7 +5,8 @@ configured with a base URL and key (as Claude Code-style tools are) works unchan
 A request is translated into the OpenAI chat request it means (system, `text` blocks,
 `tool_use` as tool_calls, `tool_result` as tool messages, `thinking` as the reply's
 reasoning; `tools` with `input_schema`, `tool_choice` auto/any/tool/none,
-`disable_parallel_tool_use`, `stop_sequences`) and runs as one: the same template, the same
+`disable_parallel_tool_use`, `stop_sequences`, `thinking` enabled/disabled as the template's
+`enable_thinking`) and runs as one: the same template, the same
 exact-reply replay (a `tool_use` block sent back with its input re-serialized still reuses
 the KV), the same grammar for `any`/`tool` choices. The reply comes back as content blocks
 (thinking, text, tool_use) with `stop_reason` end_turn, max_tokens, stop_sequence or
@@ -77,6 +78,12 @@ def to_chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
             chat[name] = body[name]
     if body.get("stop_sequences"):
         chat["stop"] = body["stop_sequences"]
+    thinking = body.get("thinking")
+    if thinking is not None:  # templates that read it switch their reasoning on or off
+        kind = thinking.get("type") if isinstance(thinking, Mapping) else None
+        if kind not in ("enabled", "disabled"):
+            raise invalid("thinking", '`thinking.type` must be "enabled" or "disabled".')
+        chat["chat_template_kwargs"] = {"enable_thinking": kind == "enabled"}
     if body.get("tools") is not None:
         chat["tools"] = [_tool(i, t) for i, t in enumerate(_list("tools", body["tools"]))]
     choice = body.get("tool_choice")
