@@ -9,6 +9,9 @@ list unless they say otherwise, as OpenAI's strict mode reads them: a small mode
 wanders into keys of its own. JSON is written compactly with ", " and ": " and no other
 whitespace, so a small model cannot wander into endless blank lines. Families whose call
 markers are special tokens name them by id (`<[id]>`), as the grammar library reads them.
+DeepSeek's DSML calls (tool_dsml.py) take each parameter as its own tag: a string property
+as raw text (or one of its `enum` values), any other as JSON under its schema; the required
+ones in the schema's order, then any of the others.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from app.engine.constraint import grammar_error
 from app.engine.transcript import Tokenizer
 from app.server.errors import invalid
 from app.server.schema import ChatRequest, GenerationParams
+from app.server.tool_dsml import DSML
 from app.server.tool_templates import ToolSyntax
 from app.server.tools import ResponseFormat, Tools
 
+_INVOKE_END = f"</{DSML}invoke>"
+_PARAM_END = f"</{DSML}parameter>"
 _STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 Tokenize = Callable[[str], list[int]]  # text -> ids, control tokens parsed
 
@@ -95,6 +101,8 @@ def _call_grammar(tools: Tools, syntax: ToolSyntax, tokenize: Tokenize) -> str:
         return f"start: {call}"
     if syntax.family == "mistral":
         return f'start: {_literal("[TOOL_CALLS]", tokenize)} "[" {call} "]"'
+    if syntax.family in ("deepseek-v3.2", "deepseek-v4"):
+        return _dsml_grammar(tools, names, syntax)
     if syntax.family == "deepseek":  # the name is written bare, then the arguments
         sep = _literal("<｜tool▁sep｜>", tokenize)
         alternatives = " | ".join(
@@ -112,6 +120,42 @@ def _call_grammar(tools: Tools, syntax: ToolSyntax, tokenize: Tokenize) -> str:
         )
         return f"start: {begin} call {end}\ncall: {alternatives}"
     return f'start: "<tool_call>\\n" {call} "\\n</tool_call>"'
+
+
+def _dsml_grammar(tools: Tools, names: list[str], syntax: ToolSyntax) -> str:
+    """One DSML invoke of one of `names`, each parameter valid under its schema."""
+    block = syntax.start.removeprefix(f"<{DSML}").removesuffix(">")
+    rules, invokes = [], []
+    for n, name in enumerate(names):
+        schema = tools.schema(name)
+        properties = schema.get("properties") or {}
+        required = [p for p in properties if p in schema.get("required", ())]
+        params = [_dsml_param(p, properties[p], "\n" if i else "") for i, p in enumerate(required)]
+        params += [
+            f"{_dsml_param(p, s, chr(10))}?" for p, s in properties.items() if p not in required
+        ]
+        opening = json.dumps(f'<{DSML}invoke name="{name}">\n')
+        rules.append(f"invoke{n}: {opening} {' '.join(params)} {json.dumps(chr(10) + _INVOKE_END)}")
+        invokes.append(f"invoke{n}")
+    start = json.dumps(f"\n\n<{DSML}{block}>\n")
+    end = json.dumps(f"\n</{DSML}{block}>")
+    return "\n".join([f"start: {start} ({' | '.join(invokes)}) {end}", *rules])
+
+
+def _dsml_param(name: str, schema: Any, lead: str) -> str:
+    """One parameter's tag, after `lead` (its newline is part of the tag's literal, so the
+    lexer never has to choose between a bare newline and the invoke's closing tag)."""
+    schema = schema if isinstance(schema, dict) else {}
+    is_string = schema.get("type") == "string"
+    kind = "true" if is_string else "false"
+    opening = json.dumps(f'{lead}<{DSML}parameter name="{name}" string="{kind}">')
+    if not is_string:
+        value = _json(_closed(schema))
+    elif isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
+        value = "(" + " | ".join(json.dumps(v) for v in schema["enum"]) + ")"
+    else:
+        value = "/[^<]*/"
+    return f"({opening} {value} {json.dumps(_PARAM_END)})"
 
 
 def _literal(marker: str, tokenize: Tokenize) -> str:
