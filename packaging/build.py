@@ -1,4 +1,5 @@
-"""`make package`: the Linux bundle, wrapped as a .deb and a portable tarball in dist/.
+"""`make package`: the Linux bundle, wrapped as a .deb and a portable tarball in dist/ (on
+a Mac: Stoke.app in a .dmg, `build_dmg`).
 
 Steps: the icons (icons.py), the PyInstaller one-folder bundle (stoke.spec), trimming what
 need not ship (trim.py), then the .deb (dpkg-deb, /opt/stoke with /usr/bin/stoke linking
@@ -98,8 +99,9 @@ def _run(command: list[str], **kwargs: object) -> None:
     subprocess.run(command, check=True, **kwargs)  # type: ignore[call-overload]
 
 
-def build_bundle(work: Path, release: str) -> Path:
-    """The PyInstaller one-folder bundle under `work`, trimmed; returns its folder."""
+def pyinstaller(work: Path, release: str) -> Path:
+    """Run stoke.spec with its outputs under `work`; returns PyInstaller's dist folder (the
+    one-folder `stoke` on Linux, beside `Stoke.app` on macOS)."""
     icons.icns(icons.APP_ICON, work / "stoke.icns")
     env = {**os.environ, "STOKE_BUILD": str(work), "STOKE_VERSION": release}
     env["QT_QPA_PLATFORM"] = "offscreen"  # hooks import Qt to find its plugins
@@ -111,10 +113,8 @@ def build_bundle(work: Path, release: str) -> Path:
         ],
         env=env,
     )
-    bundle = work / "dist" / "stoke"
-    trim.trim(bundle)
     shutil.rmtree(work / "work")
-    return bundle
+    return work / "dist"
 
 
 def metainfo(release: str) -> str:
@@ -208,9 +208,26 @@ def publish(built: Path) -> Path:
     return target
 
 
+def build_dmg(work: Path, release: str) -> Path:
+    """macOS (untested here: packaging/README.md): Stoke.app and dist/Stoke-<v>-arm64.dmg."""
+    import dmgbuild  # the `packaging` extra installs it on macOS
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    app = pyinstaller(work, release) / "Stoke.app"
+    dmg = work / "out" / f"Stoke-{release}-arm64.dmg"
+    dmg.parent.mkdir()
+    settings = HERE / "macos" / "dmg_settings.py"
+    dmgbuild.build_dmg(str(dmg), "Stoke", str(settings), defines={"app": str(app)})
+    return publish(dmg)
+
+
 def main() -> int:
     release = version()
     work = CACHE / f"{release}-{cache_key()}"
+    if sys.platform == "darwin":
+        print(json.dumps({"version": release, "dmg": str(build_dmg(work, release))}))
+        return 0
     stamp = work / "built.json"
     if stamp.is_file():
         built = json.loads(stamp.read_text())
@@ -225,7 +242,8 @@ def main() -> int:
     if not (bundle / "stoke").is_file():
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        bundle = build_bundle(work, release)
+        bundle = pyinstaller(work, release) / "stoke"
+        trim.trim(bundle)
     built = {
         "version": release,
         "bundle": str(bundle),

@@ -6,9 +6,11 @@ window's first paint. Both sides run the same driver: it installs an event filte
 QApplication, then calls `stoke`'s own main() (the GUI, as with no arguments); the frozen
 side runs it through the bundle's `stoke -c` (packaging/stoke_entry.py), the source side
 through .venv's Python, which is what `make run` starts. Runs alternate, so load on the
-machine falls on both. Qt draws offscreen (QT_QPA_PLATFORM=offscreen, as on CI).
+machine falls on both. Qt draws offscreen (QT_QPA_PLATFORM=offscreen, as on CI). With
+--drop-caches (root, Linux) the page cache is emptied before every run, so each side reads
+its files from disk as on the first start after a boot; without it the files are cached.
 
-    python packaging/startup_bench.py BUNDLE_DIR [--runs 5] [--json PATH]
+    python packaging/startup_bench.py BUNDLE_DIR [--runs 5] [--drop-caches] [--json PATH]
 """
 
 from __future__ import annotations
@@ -85,11 +87,18 @@ def first_paint(command: list[str], timeout: float = 300) -> float:
     raise RuntimeError(f"{command[0]} drew no window (exit {process.returncode})")
 
 
+def drop_caches() -> None:
+    """Empty the kernel's page cache (needs root): the next start reads from disk."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", type=Path, help="the one-folder bundle (holds `stoke`)")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--drop-caches", action="store_true", help="start from disk (root)")
     args = parser.parse_args()
     sides = {
         "frozen bundle": [str(args.bundle / "stoke"), "-c", DRIVER],
@@ -98,6 +107,8 @@ def main() -> int:
     times: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(args.runs):
         for side, command in sides.items():
+            if args.drop_caches:
+                drop_caches()
             times[side].append(round(first_paint(command), 3))
     print(f"| start to first drawn window | median of {args.runs} | runs |")
     print("|---|---:|---|")
@@ -108,6 +119,7 @@ def main() -> int:
         report = {
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
             "platform": "offscreen",
+            "page_cache": "dropped before each run" if args.drop_caches else "warm",
             "runs": times,
             "median_s": {side: statistics.median(s) for side, s in times.items()},
         }

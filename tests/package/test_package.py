@@ -20,7 +20,11 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.package, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.package,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(sys.platform != "linux", reason="the .deb is Linux's (a Mac: build_dmg)"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 HICOLOR = (16, 22, 24, 32, 48, 64, 96, 128, 256, 512)
