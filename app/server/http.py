@@ -12,9 +12,11 @@ from aiohttp import web
 
 from app.engine.host import EngineCrashedError
 from app.engine.protocol import ContextOverflowError, EngineError
+from app.engine.remote_http import RemoteError
 from app.server.schema import ApiError, check_json
 
 FAILED = "The server failed on this request; its log says why."
+REQUEST_REFUSALS = frozenset({400, 404, 413, 422})  # a remote engine's "this request is wrong"
 
 
 class Connection(web.RequestHandler):
@@ -81,6 +83,8 @@ def engine_error(exc: EngineError) -> ApiError:
         return ApiError(400, str(exc), code="context_length_exceeded")
     if isinstance(exc, EngineCrashedError):
         return ApiError(503, str(exc), kind="server_error", code="engine_restarting")
+    if isinstance(exc, RemoteError) and exc.status in REQUEST_REFUSALS:
+        return ApiError(400, str(exc), code="remote_refused")  # resending would not help
     return ApiError(503, str(exc), kind="server_error", code="engine_error")
 
 

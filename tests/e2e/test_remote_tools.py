@@ -131,3 +131,5 @@ def test_what_the_remote_refuses_reaches_the_client_in_words(
     assert f"The server at {served.url.removesuffix('/v1')} refused" in words, words
     assert f"The JSON schema in `{field}` cannot be enforced" in words, words
     assert "Traceback" not in words and "Error(" not in words
+    if not stream:  # a refusal is the request's fault: 400, which the SDK does not retry
+        assert isinstance(caught.value, openai.BadRequestError), caught.value
