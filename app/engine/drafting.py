@@ -5,7 +5,8 @@ model's MTP head) keeps it per conversation.
 
 Prompt lookup needs no second model: agents and code edits repeat what they were given, so
 the tokens that followed the latest earlier occurrence of the conversation's last few tokens
-are a good guess (the "n-gram" or prompt lookup decoding of llama.cpp and vLLM).
+are a good guess (the "n-gram" or prompt lookup decoding of llama.cpp and vLLM). The longest
+matching suffix wins, so a line that recurs in the code is told apart by what came before it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+
 SPECULATION_MODES = ("auto", "lookup", "draft", "mtp", "off")  # LoadOptions.speculation
 MIN_NGRAM = 2  # a single repeated token says too little to bet a batch on
-MAX_NGRAM = 5
-KEPT_INDEXES = 8  # conversations whose n-gram index is kept between requests
+MAX_NGRAM = 24  # long enough to tell apart the copies of a line that recurs in code
+KEPT_INDEXES = 8  # conversations whose token buffer is kept between requests
 
 
 class Drafter(Protocol):
@@ -31,29 +34,45 @@ class Drafter(Protocol):
     def close(self) -> None: ...
 
 
-class _Index:
-    """Every n-gram of a token list (MIN_NGRAM..MAX_NGRAM long) mapped to the position of the
-    token that followed its latest occurrence, extended as the list grows."""
+class _Tokens:
+    """A conversation's tokens in a numpy buffer that grows as the reply does, so that each
+    lookup scans them at numpy's speed instead of indexing every n-gram."""
 
     def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.after: list[dict[tuple[int, ...], int]] = [{} for _ in range(MAX_NGRAM + 1)]
+        self.buf = np.zeros(1024, dtype=np.int64)
+        self.n = 0
+
+    def holds_prefix_of(self, history: Sequence[int]) -> bool:
+        return self.n <= len(history) and self.buf[: self.n].tolist() == list(history[: self.n])
 
     def extend(self, history: Sequence[int]) -> None:
-        start = len(self.tokens)
-        self.tokens.extend(history[start:])
-        tokens = self.tokens
-        for end in range(max(start, 1), len(tokens)):  # n-grams ending before `end`
-            for n in range(MIN_NGRAM, min(MAX_NGRAM, end) + 1):
-                self.after[n][tuple(tokens[end - n : end])] = end
+        new = history[self.n :]
+        if self.n + len(new) > self.buf.size:
+            grown = np.zeros(max(self.buf.size * 2, self.n + len(new)), dtype=np.int64)
+            grown[: self.n] = self.buf[: self.n]
+            self.buf = grown
+        self.buf[self.n : self.n + len(new)] = new
+        self.n += len(new)
 
     def lookup(self, k: int) -> list[int]:
-        tokens = self.tokens
-        for n in range(min(MAX_NGRAM, len(tokens)), MIN_NGRAM - 1, -1):
-            at = self.after[n].get(tuple(tokens[-n:]))
-            if at is not None:
-                return tokens[at : at + k]
-        return []
+        """What followed the earlier occurrence that matches the longest suffix (at least
+        MIN_NGRAM tokens; the latest of equals)."""
+        tokens, n = self.buf[: self.n], self.n
+        if n <= MIN_NGRAM:
+            return []
+        starts = np.flatnonzero(tokens[: n - 1] == tokens[n - 1])  # candidate match ends
+        length = np.ones(starts.size, dtype=np.int64)
+        alive = np.ones(starts.size, dtype=bool)
+        for back in range(1, min(MAX_NGRAM, n - 1)):
+            alive &= starts >= back
+            alive[alive] = tokens[starts[alive] - back] == tokens[n - 1 - back]
+            if not alive.any():
+                break
+            length += alive
+        if not starts.size or length.max() < MIN_NGRAM:
+            return []
+        at = int(starts[np.flatnonzero(length == length.max())[-1]]) + 1
+        return tokens[at : at + k].tolist()
 
 
 class PromptLookup:
@@ -63,19 +82,18 @@ class PromptLookup:
     free = True
 
     def __init__(self) -> None:
-        self._indexes: OrderedDict[str, _Index] = OrderedDict()
+        self._tokens: OrderedDict[str, _Tokens] = OrderedDict()
 
     def propose(self, slot: str, history: Sequence[int], k: int) -> list[int]:
-        index = self._indexes.get(slot)
-        held = len(index.tokens) if index is not None else 0
-        if index is None or held > len(history) or history[:held] != index.tokens:
-            index = _Index()  # another branch, or trimmed: index this history afresh
-            self._indexes[slot] = index
-            while len(self._indexes) > KEPT_INDEXES:
-                self._indexes.popitem(last=False)
-        self._indexes.move_to_end(slot)
-        index.extend(history)
-        return index.lookup(k)
+        held = self._tokens.get(slot)
+        if held is None or not held.holds_prefix_of(history):
+            held = _Tokens()  # another branch, or trimmed: start from this history
+            self._tokens[slot] = held
+            while len(self._tokens) > KEPT_INDEXES:
+                self._tokens.popitem(last=False)
+        self._tokens.move_to_end(slot)
+        held.extend(history)
+        return held.lookup(k)
 
     def close(self) -> None:
-        self._indexes.clear()
+        self._tokens.clear()

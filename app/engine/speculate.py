@@ -7,6 +7,11 @@ logits of every position), keeps the longest prefix the target agrees with (`acc
 and then the target's own token at the first disagreement, and trims the refused drafts from
 the KV, so the slot holds exactly the tokens handed out and the next turn's prefix matches.
 
+At temperature 0 the reply is plain decoding's token for token, with one care: a runtime's
+batched kernels round differently from its one-token ones (llama.cpp's verify logits differ
+from its decode logits by up to 0.8 on the default model), so a verify row whose top two
+logits are within TIE_MARGIN of each other decides nothing; its token is decoded alone next.
+
 When it pays is measured, not assumed (`Pace`): the seconds of a forward of n tokens, kept
 for the engine's life, and per drafter the drafting seconds and the rate at which its tokens
 are kept, decayed as the reply goes. Each step takes the draft length with the most
@@ -28,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.engine.acceptance import accept, draw, greedy_token, target_probs
+from app.engine.acceptance import accept, biased, draw, greedy_token, target_probs
 from app.engine.drafting import Drafter
 from app.engine.logprobs import NO_SCORES, Scores
 from app.engine.protocol import ContextOverflowError, SamplingParams
@@ -36,11 +41,12 @@ from app.engine.protocol import ContextOverflowError, SamplingParams
 if TYPE_CHECKING:
     from app.engine.slots import Draw, Slot, SlotEngine
 
-MAX_DRAFT = {"lookup": 12, "draft": 8}
+MAX_DRAFT = {"lookup": 24, "draft": 8}
 DECAY = 0.9  # per verify: how fast old acceptance evidence fades
 PRIOR_KEPT, PRIOR_SEEN = 1.0, 2.0  # a drafter starts believed right half the time
 BACKOFF_START, BACKOFF_MAX = 8, 256  # plain tokens before a costly drafter is tried again
 MARGIN = 1.03  # expected gain a verify must promise over plain decoding
+TIE_MARGIN = 2.0  # logits: a verify row's top two closer than this are re-decoded alone
 
 
 def speculates(sampling: SamplingParams) -> bool:
@@ -156,10 +162,13 @@ class Decoder:
             drafts = self._propose(odds, history, max(k, 1))
             if drafts and k > 0:
                 try:
-                    return self._until_end(slot, self._speculate(slot, odds, drafts[:k]))
+                    out = self._speculate(slot, odds, drafts[:k])
                 except ContextOverflowError:  # no cells for the batch: decode plainly
                     self._odds = []
                     break
+                if out:  # else its first row was a near tie: decode the pending token alone
+                    return self._until_end(slot, out)
+                break
             if drafts:
                 guesses.append((odds, drafts[0]))
         tokens, ended = self._plain(slot, room)
@@ -213,23 +222,38 @@ class Decoder:
                 return out
         batch = [self._pending, *drafts]
         rows = self.engine._verify(slot, batch)
-        kept = 0
-        for i, draft in enumerate(drafts):
-            token = self._judge(rows[i], draft)
-            if token != draft:
+        kept, token = 0, None
+        for i, row in enumerate(rows):
+            if not self._trusted(row):
+                break  # left to a single decode of batch[i], as plain decoding has it
+            token = self._judge(row, drafts[i] if i < len(drafts) else None)
+            if i == len(drafts) or token != drafts[i]:
                 break
-            kept += 1
-        else:
-            token = self._judge(rows[len(drafts)], None)
-        if kept < len(drafts):
-            self.engine._clear(slot, len(slot.tokens) - (len(drafts) - kept))
+            kept, token = kept + 1, None
+        held = kept + (token is not None)  # of the batch, what the KV keeps
+        if held < len(batch):
+            self.engine._clear(slot, len(slot.tokens) - (len(batch) - held))
         self.pace.observe(len(batch), time.perf_counter() - started)
         self.counts.drafted += len(drafts)
         self.counts.accepted += kept
         odds.observe(kept + len(out), kept < len(drafts))
         odds.wait, odds.backoff = 0, BACKOFF_START
-        self._pending = token
-        return [*out, *drafts[:kept], token]
+        self._pending = token if token is not None else batch[kept]
+        return [*out, *drafts[:kept], *([token] if token is not None else [])]
+
+    def _trusted(self, logits: np.ndarray) -> bool:
+        """Whether a verify row's greedy verdict is the one plain decoding would reach: a
+        runtime's batched kernels round differently from its one-token ones (llama.cpp's
+        logits moved by up to 0.8 here), so a near tie is left to a one-token decode."""
+        if self.sampling.temperature > 0:
+            return True
+        z = biased(logits, self.sampling)
+        best = int(np.argmax(z))
+        top = z[best]
+        z[best] = -np.inf
+        gap = top - z.max()
+        z[best] = top
+        return bool(gap >= TIE_MARGIN)
 
     def _judge(self, logits: np.ndarray, draft: int | None) -> int:
         """The target's token after `logits`: `draft` itself when the rule keeps it."""

@@ -113,7 +113,7 @@ class _Draw:
         self._rng = np.random.default_rng(sampling.seed)
 
     def next(self, slot: _FakeSlot, last: bool) -> int:
-        logits = TABLE[slot.tokens[-1]]
+        logits = self._engine.table[slot.tokens[-1]]
         if self._sampling.temperature <= 0:
             return int(np.argmax(logits))
         return int(self._rng.choice(VOCAB, p=target_probs(logits, self._sampling)))
@@ -127,10 +127,13 @@ class _Draw:
 
 
 class MarkovEngine(SlotEngine[_FakeSlot]):
-    """A 'model' whose next-token logits depend on the last token only; it records batches."""
+    """A 'model' whose next-token logits depend on the last token only; it records batches.
+    `skew` is what its batched kernel rounds differently: added to each verify row's
+    runner-up, as a real runtime's batched kernels move logits by a little."""
 
-    def __init__(self, speculation: str) -> None:
+    def __init__(self, speculation: str, table: np.ndarray = TABLE, skew: float = 0.0) -> None:
         super().__init__()
+        self.table, self.skew = table, skew
         self._options = LoadOptions("markov", n_ctx=512, speculation=speculation)
         self._n_ctx, self._eog, self._speculates = 512, frozenset({EOG}), True
         self.verified: list[int] = []
@@ -174,10 +177,13 @@ class MarkovEngine(SlotEngine[_FakeSlot]):
     def _verify(self, slot: _FakeSlot, chunk: list[int]) -> np.ndarray:
         self.verified.append(len(chunk))
         self._forward(slot, chunk, want_logits=True)
-        return TABLE[chunk].astype(np.float32)
+        rows = self.table[chunk].astype(np.float32)
+        for row in rows:
+            row[np.argsort(row)[-2]] += self.skew
+        return rows
 
     def _logits(self, slot: _FakeSlot) -> np.ndarray:
-        return TABLE[slot.tokens[-1]].astype(np.float32)
+        return self.table[slot.tokens[-1]].astype(np.float32)
 
     def _draw(self, sampling: SamplingParams, prompt: Sequence[int]) -> _Draw:
         return _Draw(self, sampling)
@@ -197,14 +203,33 @@ def reply(
 REPEATING = [0, 1, 2, 0, 1, 2, 0, 1, 0, 1, 2, 0, 1, 2, 0]
 
 
-def test_greedy_speculation_gives_plain_decodings_tokens_and_exact_kv():
-    plain, spec = MarkovEngine("off"), MarkovEngine("lookup")
+GREEDY_TABLE = np.array(  # logits: after 0, a near tie between 1 and 2
+    [[0.0, 3.0, 2.5, -1.0], [3.0, 0.0, 0.5, -2.0], [4.0, 1.0, 0.0, -2.0], [0.0] * 4]
+)
+
+
+@pytest.mark.parametrize("skew", [0.0, 0.7])
+def test_greedy_speculation_gives_plain_decodings_tokens_and_exact_kv(skew):
+    plain = MarkovEngine("off", GREEDY_TABLE)
+    spec = MarkovEngine("lookup", GREEDY_TABLE, skew)
     want, _ = reply(plain, REPEATING, SamplingParams.greedy(), 40)
     got, stats = reply(spec, REPEATING, SamplingParams.greedy(), 40)
     assert got == want
     assert spec.verified and stats.drafted_tokens > 0 and stats.accepted_tokens > 0
     held = spec.resident_tokens("s")
     assert held == (REPEATING + got)[: len(held)] and len(held) >= len(REPEATING) + len(got) - 1
+
+
+def test_a_near_tie_in_a_verify_row_would_change_the_reply(monkeypatch):
+    """Without the tie rule, the skewed batch flips the near tie: the rule is what holds."""
+    from app.engine import speculate
+
+    monkeypatch.setattr(speculate, "TIE_MARGIN", 0.0)
+    want, _ = reply(MarkovEngine("off", GREEDY_TABLE), REPEATING, SamplingParams.greedy(), 40)
+    got, _ = reply(
+        MarkovEngine("lookup", GREEDY_TABLE, 0.7), REPEATING, SamplingParams.greedy(), 40
+    )
+    assert got != want
 
 
 def test_sampled_speculation_keeps_the_target_distribution():
