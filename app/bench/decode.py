@@ -1,0 +1,225 @@
+"""`stoke bench decode`: decode speed with speculative decoding against plain decoding.
+
+One process, side by side: the same engine class loaded three times on the same model
+(speculation off, prompt lookup alone, the draft model alone), each asked for the same
+greedy replies in turn, repetition by repetition, so a noisy machine slows all three alike.
+Three replies: (a) a code edit, where the reply rewrites a ~400-token code block from the
+prompt with small changes (its start given, as an agent's edit continues: the reply is the
+block again with one name changed), (b) an ordinary chat answer, (c) a summary of a long
+attachment. Decode tok/s is the engine's own (after the first token), median over the
+repetitions; the replies must be token for token the same for every method (greedy). Prints
+a table and writes JSON.
+
+The draft model is `--draft PATH`, else the model's first two blocks written to a temporary
+file (`app/models/truncated_gguf.py`): smaller than its target, as a draft must be to pay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.bench.kv import machine, paragraph
+from app.engine.protocol import GenerationStats, LoadOptions, SamplingParams, TokenEvent
+
+METHODS = ("off", "lookup", "draft")
+N_CTX = 4096
+FUNCTIONS = [
+    ("parse_header", "line", "line.split(':', 1)"),
+    ("normalise_path", "path", "path.strip().rstrip('/')"),
+    ("count_words", "text", "len(text.split())"),
+    ("clamp_value", "value", "max(0, min(value, 100))"),
+    ("first_digit", "text", "next((c for c in text if c.isdigit()), None)"),
+    ("scale_items", "items", "[item * 2 for item in items]"),
+    ("join_names", "names", "', '.join(sorted(names))"),
+    ("is_blank", "text", "not text or text.isspace()"),
+    ("mean_of", "values", "sum(values) / max(len(values), 1)"),
+    ("tail_lines", "text", "text.splitlines()[-5:]"),
+    ("parse_flag", "value", "value.lower() in ('1', 'true', 'yes')"),
+    ("pad_left", "text", "text.rjust(12, '0')"),
+]
+
+
+def code_block() -> str:
+    """About 400 tokens of plain Python: small functions, each keeping its result in `total`."""
+    return "\n\n".join(
+        f"def {name}({arg}):\n"
+        f'    """Return the {name.replace("_", " ")} of {arg}."""\n'
+        f"    total = {body}\n"
+        f"    return total"
+        for name, arg, body in FUNCTIONS
+    )
+
+
+def chatml(user: str, assistant_start: str = "") -> str:
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{assistant_start}"
+
+
+def scenarios() -> dict[str, tuple[str, int]]:
+    """Each reply's prompt (ChatML, the default model's template) and its max tokens."""
+    code = code_block()
+    edit = (
+        "Rename the variable `total` to `result` in every function of this module, and "
+        f"change nothing else:\n\n```python\n{code}\n```"
+    )
+    attachment = " ".join(paragraph(topic, 8) for topic in ("harbours", "glaciers", "orchards"))
+    return {
+        "code_edit": (chatml(edit, "```python\n"), 420),
+        "chat": (chatml("What should I pack for a week of hiking in the mountains?"), 200),
+        "summary": (chatml(f"{attachment}\n\nSummarise the text above in a paragraph."), 200),
+    }
+
+
+def _engine_class(engine: str) -> Callable[[], Any]:
+    if engine == "mlx":
+        from app.engine.mlx.backend import MlxEngine
+
+        return MlxEngine
+    from app.engine.llamacpp.backend import LlamaCppEngine
+
+    return LlamaCppEngine
+
+
+def _reply(engine: Any, prompt: list[int], max_tokens: int, slot: str) -> tuple[list[int], Any]:
+    tokens, stats = [], None
+    for event in engine.generate(prompt, SamplingParams.greedy(), max_tokens, slot=slot):
+        if isinstance(event, TokenEvent):
+            tokens.append(event.token_id)
+        elif isinstance(event, GenerationStats):
+            stats = event
+    return tokens, stats
+
+
+def run_bench(model: str, draft: str, engine: str, reps: int) -> dict[str, Any]:
+    runtime = _engine_class(engine)
+    engines = {}
+    for method in METHODS:
+        options = LoadOptions(
+            model, n_ctx=N_CTX, speculation=method, draft_model=draft, snapshots=False
+        )
+        engines[method] = runtime()
+        engines[method].load(options)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for name, (text, max_tokens) in scenarios().items():
+            prompt = engines["off"].tokenize(text, special=True)
+            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
+            replies: dict[str, list[int]] = {}
+            for rep in range(reps + 1):  # the first round warms each engine up, untimed
+                for method in METHODS:
+                    tokens, stats = _reply(engines[method], prompt, max_tokens, name)
+                    replies.setdefault(method, tokens)
+                    if rep:
+                        runs[method].append(
+                            {
+                                "decode_tok_s": stats.decode_tok_s,
+                                "generated_tokens": stats.generated_tokens,
+                                "drafted_tokens": stats.drafted_tokens,
+                                "accepted_tokens": stats.accepted_tokens,
+                            }
+                        )
+            results[name] = _summary(prompt, runs, replies)
+    finally:
+        for instance in engines.values():
+            instance.unload()
+    return results
+
+
+def _summary(
+    prompt: list[int], runs: dict[str, list[dict[str, Any]]], replies: dict[str, list[int]]
+) -> dict[str, Any]:
+    base = statistics.median(r["decode_tok_s"] for r in runs["off"])
+    out: dict[str, Any] = {
+        "prompt_tokens": len(prompt),
+        "same_tokens": all(replies[m] == replies["off"] for m in METHODS),
+        "methods": {},
+    }
+    for method, rows in runs.items():
+        tok_s = statistics.median(r["decode_tok_s"] for r in rows)
+        drafted = sum(r["drafted_tokens"] for r in rows)
+        accepted = sum(r["accepted_tokens"] for r in rows)
+        out["methods"][method] = {
+            "decode_tok_s": round(tok_s, 1),
+            "decode_tok_s_runs": [round(r["decode_tok_s"], 1) for r in rows],
+            "vs_plain": round(tok_s / base, 2) if base else None,
+            "generated_tokens": rows[0]["generated_tokens"],
+            "drafted_tokens": drafted // len(rows),
+            "accepted_tokens": accepted // len(rows),
+            "acceptance": round(accepted / drafted, 3) if drafted else None,
+        }
+    return out
+
+
+def check_targets(results: dict[str, Any]) -> dict[str, bool]:
+    targets = {}
+    if "code_edit" in results:
+        ratio = results["code_edit"]["methods"]["lookup"]["vs_plain"]
+        targets["code_edit: prompt lookup >= 1.8x plain decode"] = ratio >= 1.8
+    if "chat" in results:
+        for method in ("lookup", "draft"):
+            ratio = results["chat"]["methods"][method]["vs_plain"]
+            targets[f"chat: {method} >= 0.95x plain decode"] = ratio >= 0.95
+    for name, result in results.items():
+        targets[f"{name}: every method's reply is plain decoding's"] = result["same_tokens"]
+    return targets
+
+
+def render(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [
+        f"stoke bench decode ({report['engine']}) — {report['model']} (draft: "
+        f"{report['draft']}) on {m['cpu']} ({m['cores']} cores), median of {report['reps']}",
+        "",
+        f"{'reply':<10} {'method':<7} {'decode tok/s':>12} {'vs plain':>9} {'tokens':>7} "
+        f"{'drafted':>8} {'kept':>6} {'acceptance':>10}",
+    ]
+    for name, result in report["results"].items():
+        for method, row in result["methods"].items():
+            acceptance = f"{row['acceptance']:.0%}" if row["acceptance"] is not None else "-"
+            lines.append(
+                f"{name:<10} {method:<7} {row['decode_tok_s']:12.1f} {row['vs_plain']:8.2f}x "
+                f"{row['generated_tokens']:7d} {row['drafted_tokens']:8d} "
+                f"{row['accepted_tokens']:6d} {acceptance:>10}"
+            )
+    lines.append("")
+    lines += [f"{'PASS' if ok else 'FAIL'}  {name}" for name, ok in report["targets"].items()]
+    return "\n".join(lines)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("decode", help="decode speed: speculative vs plain")
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--model", metavar="PATH", help="a GGUF model (default: SmolLM2)")
+    parser.add_argument("--draft", metavar="PATH", help="draft model (default: 2-block cut)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (median)")
+    parser.add_argument("--engine", choices=("llama.cpp", "mlx"), default="llama.cpp")
+    parser.set_defaults(run=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from app.models.default import default_model_path
+    from app.models.truncated_gguf import write_truncated
+
+    model = args.model or str(default_model_path())
+    with tempfile.TemporaryDirectory(prefix="stoke-bench-decode-") as folder:
+        draft = args.draft or str(write_truncated(Path(model), Path(folder) / "draft.gguf", 2))
+        results = run_bench(model, draft, args.engine, args.reps)
+    report = {
+        "benchmark": "decode",
+        "engine": args.engine,
+        "model": Path(model).name,
+        "draft": Path(args.draft).name if args.draft else "first 2 blocks of the model",
+        "reps": args.reps,
+        "machine": machine(),
+        "results": results,
+    }
+    report["targets"] = check_targets(results)
+    print(render(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
+    return 0
