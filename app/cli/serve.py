@@ -2,6 +2,8 @@
 
 The key is best given with `--api-key-file` or STOKE_API_KEY: a key on the command line is
 visible to every local user in `ps`, so `--api-key` works but draws a warning.
+`--chat-template FILE` serves the model with another Jinja chat template than its own
+(LoadOptions.chat_template), e.g. a newer one with tool calls or reasoning.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import stat
@@ -72,6 +75,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="when the engine keeps crashing, wait these seconds before each retry, then exit "
         "with status 1 so a supervisor can restart Stoke (default: 5,20,60)",
     )
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        type=Path,
+        help="a Jinja chat template to use instead of the model's own",
+    )
     parser.add_argument("--show-key", action="store_true", help="print the API key and exit")
     parser.set_defaults(run=run)
 
@@ -122,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(key.value)
         return 0
+    try:
+        template = _read_template(args.chat_template) if args.chat_template else None
+    except ValueError as exc:
+        print(f"stoke: {exc}", file=sys.stderr)
+        return 1
     config = ServerConfig(
         api_key=key.value,
         host=args.host,
@@ -136,8 +150,23 @@ def run(args: argparse.Namespace) -> int:
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_serve(args, config, key))
+        return asyncio.run(_serve(args, config, key, template))
     return 0
+
+
+def _read_template(path: Path) -> str:
+    """The template file's text; ValueError in words when it cannot be one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"--chat-template: there is no file {path}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--chat-template: {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ValueError(f"--chat-template: {path} cannot be read ({exc.strerror})") from None
+    if not text.strip():
+        raise ValueError(f"--chat-template: {path} is empty")
+    return text
 
 
 def _read_key_file(path: Path) -> str:
@@ -160,9 +189,14 @@ def _read_key_file(path: Path) -> str:
     return text
 
 
-async def _serve(args: argparse.Namespace, config: ServerConfig, key: auth.ApiKey) -> int:
+async def _serve(
+    args: argparse.Namespace, config: ServerConfig, key: auth.ApiKey, template: str | None
+) -> int:
+    options = load_options_of(args)
+    if template is not None:
+        options = dataclasses.replace(options, chat_template=template)
     engine = EngineClient(
-        load_options_of(args),
+        options,
         log_path=paths.cache_dir() / "engine.log",
         backoff_s=args.crash_backoff,
     )

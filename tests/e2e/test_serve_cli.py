@@ -97,3 +97,42 @@ def test_bench_serve_small(tmp_path: Path) -> None:
             assert row["samples_per_turn"] == int(n)
     assert report["results"]["stoke"]["2"]["min_cached_ratio"] > 0.5
     assert "stoke_2_interleaved_within_2x" in report["targets"]
+
+
+def test_chat_template_flag(stoke_home: Path, tmp_path: Path) -> None:
+    """`--chat-template FILE` serves the model under that template: Qwen3.5's opens the
+    reply's reasoning, which comes back as reasoning; a file that is not there is one line."""
+    missing = subprocess.run(
+        [sys.executable, "-m", "app", "serve", "--chat-template", str(tmp_path / "none.jinja")],
+        cwd=REPO,
+        env=_env(stoke_home),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert f"--chat-template: there is no file {tmp_path / 'none.jinja'}" in missing.stderr
+    template = REPO / "tests" / "fixtures" / "chat_templates" / "Qwen-Qwen3.5-4B.jinja"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--port", "0", "--chat-template", str(template)],
+        cwd=REPO,
+        env=_env(stoke_home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        found = re.search(r"Serving (\S+) at (http://\S+/v1)", process.stdout.readline())
+        assert found, process.stderr.read()
+        client = openai.OpenAI(base_url=found[2], api_key=KEY, max_retries=0)
+        reply = client.chat.completions.create(
+            model=found[1],
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=8,
+            temperature=0,
+        )
+        message = reply.choices[0].message.model_dump()
+        assert message.get("reasoning_content"), message  # the template opened <think>
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)

@@ -195,6 +195,42 @@ def test_named_tool_choice_calls_that_function(served: ServerThread) -> None:
     jsonschema.validate(json.loads(call.function.arguments), CLOCK["function"]["parameters"])
 
 
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_time"}}]
+)
+def test_streamed_call_arguments_come_as_sampled(served: ServerThread, choice) -> None:
+    """Streamed, a call's first delta names it (index, id, type, function.name); its
+    arguments follow in pieces as the model writes them, and put together they are the
+    arguments the same request gets whole."""
+    kwargs = dict(
+        model=served.model,
+        messages=[
+            {"role": "system", "content": "You help travellers. Use the tools."},
+            {"role": "user", "content": "What time is it in Oslo, 24-hour clock?"},
+        ],
+        tools=[CLOCK],
+        tool_choice=choice,
+        temperature=0,
+        max_tokens=48,
+    )
+    whole = served.client().chat.completions.create(**kwargs)
+    (expected,) = whole.choices[0].message.tool_calls
+    deltas = [
+        call
+        for chunk in served.client().chat.completions.create(**kwargs, stream=True)
+        if chunk.choices
+        for call in chunk.choices[0].delta.tool_calls or []
+    ]
+    first, rest = deltas[0], deltas[1:]
+    assert (first.index, first.type, first.function.name) == (0, "function", "get_time")
+    assert first.id and all(d.id is None and d.function.name is None for d in rest)
+    pieces = [d.function.arguments for d in deltas if d.function.arguments]
+    assert len(pieces) >= 3, pieces  # not one chunk at the end
+    assembled = "".join(pieces)
+    assert assembled == expected.function.arguments
+    jsonschema.validate(json.loads(assembled), CLOCK["function"]["parameters"])
+
+
 def test_json_schema_answers_validate_on_20_prompts(served: ServerThread) -> None:
     client = served.client()
     for topic in TOPICS:
