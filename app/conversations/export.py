@@ -138,7 +138,8 @@ def _message_record(message: Message) -> dict[str, Any]:
 
 def _markdown_message(message: Message) -> str:
     if message.role == "tool":
-        return f"**Result of {message.tool_name or 'a tool'}**\n\n{_fenced(message.content, '')}"
+        result = tool_records.fenced(message.content, "")
+        return f"**Result of {message.tool_name or 'a tool'}**\n\n{result}"
     if message.role == "user":
         files = "".join(f"\n\n*Attached: {a['name']}*" for a in message.attachments or ())
         return f"**You**{files}\n\n{message.content.strip()}"
@@ -159,15 +160,8 @@ def _markdown_message(message: Message) -> str:
         parts.append(answer.strip())
     for call in message.tool_calls:
         arguments = tool_records.pretty_arguments(call.arguments)
-        parts.append(f"*Called {call.name}*\n\n{_fenced(arguments, 'json')}")
+        parts.append(f"*Called {call.name}*\n\n{tool_records.fenced(arguments, 'json')}")
     return "\n\n".join(parts)
-
-
-def _fenced(text: str, language: str) -> str:
-    """A code block that holds `text` whatever backticks it has (a longer fence)."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}{language}\n{text.rstrip()}\n{fence}"
 
 
 # Import validation

@@ -10,6 +10,7 @@ assistant message that makes calls, or another result, as the API requires.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,3 +77,10 @@ def pretty_arguments(arguments: str) -> str:
         return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
     except (json.JSONDecodeError, TypeError):
         return arguments
+
+
+def fenced(text: str, language: str) -> str:
+    """`text` as a Markdown code block whatever backticks it holds (the fence is longer)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{language}\n{text.rstrip()}\n{fence}"

@@ -7,7 +7,8 @@ Long conversations stay responsive because only the newest page of messages gets
 older pages are built when the user scrolls to the top, and the view keeps its distance
 from the bottom while they are prepended so the text under the reader does not jump. A
 drag of the scroll bar's handle to the top, or Ctrl+Home, builds page after page (one per
-turn of the event loop) until the first message, and stays at the top.
+turn of the event loop) until the first message, and stays at the top. A tool result is a
+closed row of its own, and a reply's tool calls closed rows in its bubble (tool_rows.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from PySide6.QtWidgets import (
 from app.ui import theme
 from app.ui.message_view import MessageView
 from app.ui.message_widget import COLUMN_MAX_PX, MessageWidget
+from app.ui.tool_rows import ToolResultWidget
 
 PAGE_SIZE = 40
 EMPTY_HINT = "Start a conversation — type below. Enter sends, Shift+Enter adds a line."
@@ -102,7 +104,7 @@ class ChatView(QWidget):
         self._dark = dark
         self._messages: list[MessageView] = []
         self._first_loaded = 0
-        self._widgets: dict[str, MessageWidget] = {}
+        self._widgets: dict[str, MessageWidget | ToolResultWidget] = {}
         self._dirty: set[str] = set()
         self._pinned = True
         self._anchor_from_bottom: int | None = None
@@ -172,7 +174,7 @@ class ChatView(QWidget):
         self._dirty.clear()
         for position, message in enumerate(messages[start:]):
             widget = old.pop(message.id, None)
-            if widget is None or widget.is_user != (message.role == "user"):
+            if widget is None or widget.message.role != message.role:
                 widget = self._make_widget(message)
             else:
                 widget.set_message(message)
@@ -268,7 +270,11 @@ class ChatView(QWidget):
         colors = _theme(QGuiApplication.palette(), self._dark)
         self.setStyleSheet(theme.stylesheet("chat.qss", **asdict(colors)))
 
-    def _make_widget(self, message: MessageView) -> MessageWidget:
+    def _make_widget(self, message: MessageView) -> MessageWidget | ToolResultWidget:
+        if message.role == "tool":
+            result = ToolResultWidget(message, dark=self._dark, parent=self._canvas_column)
+            result.copy_requested.connect(self._copy)
+            return result
         widget = MessageWidget(message, dark=self._dark, parent=self._canvas_column)
         widget.copy_requested.connect(self._copy)
         widget.edit_requested.connect(self.edit_requested)

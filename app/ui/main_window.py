@@ -257,6 +257,8 @@ class MainWindow(QMainWindow):
             stats=message.stats,
             sibling_ids=tuple(s.id for s in siblings),
             attachments=tuple(message.attachments or ()),
+            tool_calls=message.tool_calls,
+            tool_name=message.tool_name,
         )
 
     def _refresh_title(self) -> None:
@@ -426,7 +428,8 @@ class MainWindow(QMainWindow):
     def _regenerate_last(self) -> None:
         if self.conversation_id is None:
             return
-        replies = [m for m in self.store.current_path(self.conversation_id) if m.role != "user"]
+        path = self.store.current_path(self.conversation_id)
+        replies = [m for m in path if m.role == "assistant"]
         if replies:
             self._spawn(self._turn(self.session.regenerate, replies[-1].id))
 

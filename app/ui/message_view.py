@@ -6,19 +6,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.conversations import ToolCall
+
 
 @dataclass(frozen=True)
 class MessageView:
     """One message of the branch on screen, with its place among its siblings."""
 
     id: str
-    role: str  # "user" | "assistant"
+    role: str  # "user" | "assistant" | "tool"
     content: str
     status: str = "complete"  # complete | streaming | interrupted | error
     finish_reason: str | None = None
     stats: dict | None = None
     sibling_ids: tuple[str, ...] = field(default_factory=tuple)  # including this one, in order
     attachments: tuple[dict, ...] = ()  # a user message's files (conversations/attachments.py)
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls an assistant message makes
+    tool_name: str | None = None  # a tool result: the function whose result it is
 
     @property
     def sibling_index(self) -> int:

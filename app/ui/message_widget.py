@@ -1,5 +1,6 @@
-"""One message of the chat view: its bubble (Markdown, collapsible reasoning), its status,
-its stats, and its actions (copy, edit and resend, regenerate, the branch arrows, continue).
+"""One message of the chat view: its bubble (Markdown, collapsible reasoning, a reply's tool
+calls as closed rows), its status, its stats, and its actions (copy, edit and resend,
+regenerate, the branch arrows, continue).
 
 It renders streamed text on demand and edits in place; it only emits signals, so the chat
 view (and through it the window) decides what an action means.
@@ -7,11 +8,10 @@ view (and through it the window) decides what an action means.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
-from PySide6.QtCore import QEvent, QObject, QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QImage, QKeyEvent, QTextCursor, QWheelEvent
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtGui import QKeyEvent, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -19,15 +19,16 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
-    QTextBrowser,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
-from app.ui import formulas, markdown
+from app.ui import markdown
 from app.ui.attachments import AttachmentChips
+from app.ui.message_text import MessageText
 from app.ui.message_view import MessageView
+from app.ui.tool_rows import ToolRow, call_row
 
 COLUMN_MAX_PX = 760
 _USER_BUBBLE_RATIO = 0.82
@@ -74,85 +75,6 @@ def _short_stats(stats: dict | None) -> str:
     return " · ".join(parts)
 
 
-class _MessageText(QTextBrowser):
-    """Markdown exactly as tall as its content: the conversation scrolls, never a bubble."""
-
-    copy_requested = Signal(str)
-
-    def __init__(self, name: str, accessible_name: str, parent: QWidget) -> None:
-        super().__init__(parent)
-        self.setObjectName(name)
-        self.setAccessibleName(accessible_name)
-        self.setOpenLinks(False)
-        self.setFrameShape(QFrame.Shape.NoFrame)
-        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        font = self.font()
-        font.setPointSizeF(font.pointSizeF() + 1)  # prose reads better a step above UI text
-        self.setFont(font)
-        self.document().setDocumentMargin(0)
-        self.document().setIndentWidth(18)
-        self.document().documentLayout().documentSizeChanged.connect(self._fit_height)
-        self.anchorClicked.connect(self._anchor_clicked)
-        self.code_blocks: tuple[str, ...] = ()
-        self._formulas: dict[str, QImage] = {}  # math:… image name -> the drawn formula
-        self._natural_width = 0
-        self._fit_max = 0
-
-    def fit_content_width(self, max_width: int) -> None:
-        """Hug the text (user bubbles) instead of filling the column."""
-        self._fit_max = max_width
-        self.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
-
-    def show_markdown(self, text: str, *, dark: bool) -> None:
-        self._show(markdown.render(text, dark=dark))
-
-    def show_plain(self, text: str) -> None:
-        self._show(markdown.render_plain(text))
-
-    def _show(self, rendered: markdown.RenderedMarkdown) -> None:
-        self.code_blocks = rendered.code_blocks
-        scale = self.devicePixelRatioF()
-        self._formulas = {
-            markdown.formula_name(f): formulas.image(f, scale) for f in rendered.formulas
-        }
-        self.setHtml(rendered.html)
-        if self._fit_max:
-            probe = self.document().clone(self)
-            probe.setTextWidth(self._fit_max)
-            self._natural_width = min(self._fit_max, math.ceil(probe.idealWidth()) + 2)
-            probe.deleteLater()
-            self.updateGeometry()
-
-    def sizeHint(self) -> QSize:
-        return QSize(self._natural_width or super().sizeHint().width(), self.height())
-
-    def minimumSizeHint(self) -> QSize:
-        return QSize(48, self.height())
-
-    def loadResource(self, kind: int, url: QUrl) -> object:
-        """Formulas come from this message's own images; nothing else is ever loaded."""
-        return self._formulas.get(url.toString())
-
-    def _anchor_clicked(self, url: QUrl) -> None:
-        """copy:N copies a code block; only web links leave the app, nothing else opens."""
-        if url.scheme() == "copy":
-            index = int(url.path()) if url.path().isdigit() else -1
-            if 0 <= index < len(self.code_blocks):
-                self.copy_requested.emit(self.code_blocks[index])
-        elif url.scheme() in ("http", "https"):
-            QDesktopServices.openUrl(url)
-
-    def wheelEvent(self, event: QWheelEvent) -> None:
-        event.ignore()  # let the conversation scroll; this widget never has anything to scroll
-
-    def _fit_height(self) -> None:
-        height = math.ceil(self.document().size().height())
-        if height != self.height():
-            self.setFixedHeight(height)
-
-
 def _tool_button(name: str, text: str, accessible: str, tip: str, parent: QWidget) -> QToolButton:
     button = QToolButton(parent)
     button.setObjectName(name)
@@ -184,7 +106,7 @@ class MessageWidget(QWidget):
         self._pending: list[str] = []
         self._progress = ""  # the prompt's prefill, shown until the first token
         self._reasoning = ""
-        self._reasoning_text: _MessageText | None = None
+        self._reasoning_text: MessageText | None = None
         self._reasoning_frame: QFrame | None = None
         self._editor_box: QWidget | None = None
         self._editor: QPlainTextEdit | None = None
@@ -208,9 +130,11 @@ class MessageWidget(QWidget):
 
         if message.attachments:
             self._bubble_layout.addWidget(AttachmentChips(message.attachments, self.bubble))
-        self.text = _MessageText("messageText", "Message text", self.bubble)
+        self.text = MessageText("messageText", "Message text", self.bubble)
         self.text.copy_requested.connect(self.copy_requested)
         self._bubble_layout.addWidget(self.text)
+        self.call_rows: list[ToolRow] = []
+        self._show_calls()
 
         self._bubble_row = QHBoxLayout()
         self._bubble_row.setContentsMargins(0, 0, 0, 0)
@@ -296,14 +220,31 @@ class MessageWidget(QWidget):
         """Show a newer state of this message; unchanged messages cost nothing."""
         if message == self.message:
             return
+        calls_changed = message.tool_calls != self.message.tool_calls
         self.message = message
         self._pending.clear()
+        if calls_changed:
+            self._show_calls()
         self._refresh()
 
     def set_dark(self, dark: bool) -> None:
         if dark != self._dark:
             self._dark = dark
+            for row in self.call_rows:
+                row.set_dark(dark)
             self._refresh()
+
+    def _show_calls(self) -> None:
+        """One closed row per tool call, under the reply's text."""
+        for row in self.call_rows:
+            row.hide()
+            row.deleteLater()
+        self.call_rows = [
+            call_row(call, dark=self._dark, parent=self.bubble) for call in self.message.tool_calls
+        ]
+        for row in self.call_rows:
+            row.copy_requested.connect(self.copy_requested)
+            self._bubble_layout.addWidget(row)
 
     def append(self, piece: str) -> None:
         """Queue streamed text; the view flushes it on its render tick."""
@@ -371,7 +312,9 @@ class MessageWidget(QWidget):
             self.reasoning_toggle.setText(f"{arrow}  {'Thinking…' if thinking else 'Reasoning'}")
             if self.reasoning_toggle.isChecked():
                 self._render_reasoning()
-        self.text.setVisible((bool(answer) or not thinking) and not self._editing())
+        only_calls = bool(message.tool_calls) and not answer.strip() and not streaming
+        shown = (bool(answer) or not thinking) and not only_calls
+        self.text.setVisible(shown and not self._editing())
         if self.is_user:
             self.text.show_plain(answer)
         else:
@@ -385,7 +328,7 @@ class MessageWidget(QWidget):
             self._reasoning_frame.setObjectName("reasoningFrame")
             layout = QVBoxLayout(self._reasoning_frame)
             layout.setContentsMargins(12, 2, 0, 2)
-            self._reasoning_text = _MessageText(
+            self._reasoning_text = MessageText(
                 "reasoningText", "Reasoning text", self._reasoning_frame
             )
             self._reasoning_text.copy_requested.connect(self.copy_requested)
