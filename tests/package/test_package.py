@@ -153,6 +153,36 @@ def test_the_installed_app_chats_with_the_bundled_model(root: Path, home: dict[s
     assert turn["conversation_id"][:8] in listed.stdout
 
 
+def test_the_installed_app_serves_the_api(root: Path, home: dict[str, str]) -> None:
+    """`stoke serve` from the launcher, spoken to with the official openai client."""
+    import openai
+
+    server = subprocess.Popen(
+        [str(root / "usr" / "bin" / "stoke"), "serve", "--port", "0", "--api-key", "sk-pkg"],
+        env=home,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        serving = next((line for line in server.stdout if line.startswith("Serving ")), "")
+        assert serving, server.stderr.read() if server.stderr else ""
+        url = serving.split(" at ", 1)[1].strip()
+        client = openai.OpenAI(base_url=url, api_key="sk-pkg", max_retries=0)
+        reply = client.chat.completions.create(
+            model=client.models.list().data[0].id,
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=8,
+        )
+        assert reply.choices[0].message.content
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def test_the_desktop_entry_is_valid(root: Path) -> None:
     tool = shutil.which("desktop-file-validate")
     if tool is None:
