@@ -19,7 +19,9 @@ SHIPPED_LAYOUT = Path(resources.__file__).with_name(FLASH_LAYOUT)
 
 
 def _make_gguf(args: argparse.Namespace) -> int:
-    path = write_deepseek4(args.out, mode=args.mode, seed=args.seed, weights=args.weights)
+    path = write_deepseek4(
+        args.out, mode=args.mode, seed=args.seed, weights=args.weights, mtp=args.mtp
+    )
     stat = path.stat()
     print(
         f"wrote {path} ({args.mode}): apparent size {stat.st_size / 2**20:,.1f} MiB, "
@@ -58,6 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="quantized",
         help="scaled mode: Q8_0 matrices, or every matrix in F16 or F32",
     )
+    parser.add_argument("--mtp", action="store_true", help="append the MTP (NextN) block")
     parser.add_argument("out", type=Path, help="the .gguf file to write")
     parser.set_defaults(run=_make_gguf)
     draft = tools.add_parser(

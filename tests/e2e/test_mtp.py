@@ -12,12 +12,15 @@ context's empty full-attention cache).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
 from app.engine.llamacpp.backend import LlamaCppEngine
+from app.engine.mlx.backend import MlxEngine
 from app.engine.protocol import GenerationStats, LoadOptions, SamplingParams, TokenEvent
 from app.hardware.synthetic_gguf import write_deepseek4
 
@@ -60,9 +63,10 @@ def _two_turns(engine, path: Path, speculation: str):
     return names, (first, second), (one, two)
 
 
-def test_llamacpp_mtp_reply_is_plain_decoding(mtp_gguf: Path) -> None:
-    _, plain, _ = _two_turns(LlamaCppEngine(), mtp_gguf, "off")
-    names, drafted, stats = _two_turns(LlamaCppEngine(), mtp_gguf, "mtp")
+@pytest.mark.parametrize("runtime", [LlamaCppEngine, MlxEngine])
+def test_mtp_reply_is_plain_decoding(mtp_gguf: Path, runtime) -> None:
+    _, plain, _ = _two_turns(runtime(), mtp_gguf, "off")
+    names, drafted, stats = _two_turns(runtime(), mtp_gguf, "mtp")
     assert names == ["mtp"]
     assert drafted == plain
     assert sum(s.drafted_tokens for s in stats) > 0
@@ -89,3 +93,80 @@ def test_llamacpp_deepseek4_cuts_a_refused_draft_exactly(mtp_gguf: Path) -> None
     finally:
         engine.unload()
     np.testing.assert_allclose(cut, straight, rtol=1e-5, atol=1e-5)
+
+
+def test_llamacpp_deepseek4_starts_over_past_its_last_forward(mtp_gguf: Path) -> None:
+    """Three tokens decoded one by one, then cut back by two: the snapshots only cover the
+    last forward, so the engine starts the sequence over (and the next prefill is right)."""
+    engine = LlamaCppEngine()
+    engine.load(_options(mtp_gguf, "mtp"))
+    try:
+        slot = engine._slot("a")
+        engine._sync(slot, PROMPT, None)
+        for token in (11, 12, 13):
+            engine._forward(slot, [token], want_logits=True)
+        assert engine._clear(slot, len(PROMPT) + 1) == 0
+        engine._sync(slot, [*PROMPT, 11], None)
+        again = engine._verify(slot, [21, 22])
+        fresh = engine._slot("b")
+        engine._sync(fresh, [*PROMPT, 11], None)
+        straight = engine._verify(fresh, [21, 22])
+    finally:
+        engine.unload()
+    np.testing.assert_allclose(again, straight, rtol=1e-5, atol=1e-5)
+
+
+def test_mtp_head_agrees_between_engines(tmp_path: Path) -> None:
+    """Both engines' target hidden states over a prompt, and both MTP blocks' logits and
+    output states for the same entries (llama.cpp's states fed to both), agree. As in
+    test_deepseek_v4_logits.py: F32 caches, and an indexer that attends every row (with 16
+    heads), so the two differ only by summation order."""
+    path = write_deepseek4(
+        tmp_path / "dsv4-exact.gguf",
+        mode="scaled",
+        seed=4,
+        weights="f32",
+        mtp=True,
+        head_dim=128,
+        indexer_heads=16,
+        indexer_top_k=512,
+    )
+    n, start = len(PROMPT), len(PROMPT) - 40
+    seen = {}
+    for runtime in (LlamaCppEngine, MlxEngine):
+        engine = runtime()
+        engine.load(replace(_options(path, "mtp"), kv_type="f32"))
+        try:
+            slot = engine._slot("a")
+            engine._sync(slot, PROMPT, None)
+            rows = slot.hidden.get(start - 1, n)
+            states = seen.get("states", rows)
+            if runtime is MlxEngine:
+                states = [mx.array(row) for row in states]
+            (head,) = [d._head for d in engine._drafters]
+            logits, out = head.step("a", start, [*PROMPT[start:], 9], states)
+            seen.setdefault("states", [np.array(row) for row in rows])
+            seen[runtime] = ([np.array(row) for row in rows], logits, np.array(out))
+        finally:
+            engine.unload()
+    (h_cpp, logits_cpp, out_cpp), (h_mlx, logits_mlx, out_mlx) = (
+        seen[LlamaCppEngine],
+        seen[MlxEngine],
+    )
+    np.testing.assert_allclose(np.stack(h_mlx), np.stack(h_cpp), atol=1e-3, rtol=1e-3)
+    np.testing.assert_allclose(logits_mlx, logits_cpp, atol=1e-3, rtol=1e-3)
+    np.testing.assert_allclose(out_mlx, out_cpp, atol=1e-3, rtol=1e-3)
+    assert int(np.argmax(logits_mlx)) == int(np.argmax(logits_cpp))
+
+
+def test_llamacpp_skips_the_head_it_would_crash_on(tmp_path: Path) -> None:
+    """A head as wide as the indexer's: llama.cpp would die of SIGFPE making the MTP context,
+    so the engine decodes without the head instead."""
+    path = write_deepseek4(tmp_path / "narrow.gguf", mode="scaled", seed=4, mtp=True)
+    engine = LlamaCppEngine()
+    engine.load(_options(path, "mtp"))
+    try:
+        assert engine._drafters == []
+        assert len(_reply(engine, PROMPT, 4)[0]) == 4
+    finally:
+        engine.unload()

@@ -95,6 +95,7 @@ class _Sequence(Slot):
 
     seq_id: int
     hidden: HiddenRows | None = None  # the last positions' hidden states, for an MTP head
+    rollback: int = 0  # positions a hybrid memory can be cut back by (see `_trim`)
 
 
 class Vocab:
@@ -282,6 +283,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         self._keep_hidden = 0  # hidden states kept per slot (an MTP drafter asks for them)
         self._nextn = None  # llama.cpp's hidden-state calls, once an MTP head is open
         self._cparams: llama_cpp.llama_context_params | None = None
+        self._rollback = 0  # the context's n_rs_seq
 
     # -- loading --------------------------------------------------------------------------
 
@@ -324,7 +326,8 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             # sequences; a partial seq_cp aborts the process.
             self._copies_prefixes = not keeps_own_streams(model.ptr)
             # refused drafts need a cut anywhere, or within a hybrid's rollback snapshots
-            self._speculates = self._copies_prefixes or llama_cpp.llama_n_rs_seq(ctx.ptr) > 0
+            self._rollback = llama_cpp.llama_n_rs_seq(ctx.ptr)
+            self._speculates = self._copies_prefixes or self._rollback > 0
             self._cparams = cparams
             self._free_seq_ids = list(range(options.n_seq_max))
             self._eog = self._vocab.eog_ids()
@@ -398,8 +401,12 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
 
     def _trim(self, seq: _Sequence, keep: int) -> int:
         mem = llama_cpp.llama_get_memory(self._ctx.ptr)
-        if keep and not llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, keep, -1):
-            keep = 0  # this model's memory cannot be cut mid-sequence: start over
+        # A hybrid memory's rollback snapshots are of the last forward's tokens only (an older
+        # position would get the state of that forward's start), and serve one cut.
+        reachable = self._copies_prefixes or len(seq.tokens) - keep <= seq.rollback
+        seq.rollback = 0
+        if keep and not (reachable and llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, keep, -1)):
+            keep = 0  # this model's memory cannot be cut there: start over
         if not keep:
             llama_cpp.llama_memory_seq_rm(mem, seq.seq_id, -1, -1)
         if self._logits_ready and self._logits_ready[0] == seq.seq_id:
@@ -460,6 +467,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
                 raise ContextOverflowError(pos + len(chunk), self._n_ctx)
             raise EngineError(f"llama.cpp failed to evaluate the prompt (code {rc}).")
         seq.tokens.extend(chunk)
+        seq.rollback = min(len(chunk), self._rollback)
         self._logits_ready = (seq.seq_id, len(seq.tokens)) if want_logits else None
         if self._keep_hidden and self._nextn is not None:
             width = llama_cpp.llama_model_n_embd_out(self._model.ptr)
@@ -477,9 +485,13 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         if llama_cpp.llama_model_n_layer_nextn(self._model.ptr) <= 0:
             return
         api = nextn_api()
-        window = int(self._meta(f"{info.architecture}.attention.sliding_window") or 0)
+        arch = info.architecture
+        window = int(self._meta(f"{arch}.attention.sliding_window") or 0)
+        # llama.cpp 0.3.36 divides by zero (SIGFPE) making the MTP context of a DeepSeek whose
+        # head is as wide as its indexer's (a Hadamard rotation for an empty cache)
+        widths = {self._meta(f"{arch}.attention.{k}") for k in ("key_length", "indexer.key_length")}
         head = None
-        if api is not None and window > 0:
+        if api is not None and window > 0 and len(widths) == 2:
             head = LlamaMtpHead.open(api, self._model, self._cparams, window)
         if head is None:
             logger.warning("no MTP drafter: %s", _install_log().reason() or "not supported")

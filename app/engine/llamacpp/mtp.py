@@ -98,7 +98,8 @@ class LlamaMtpHead:
         """The head over `model` with the target's context sizes; None when llama.cpp could
         not make the context (the model has no MTP block, or no memory for it)."""
         params = llama_cpp.llama_context_default_params()
-        for name in ("n_ctx", "n_seq_max", "n_threads", "n_threads_batch", "kv_unified"):
+        shared = ("n_ctx", "n_seq_max", "n_threads", "n_threads_batch", "kv_unified", "type_k")
+        for name in (*shared, "type_v", "offload_kqv", "flash_attn_type"):
             setattr(params, name, getattr(target, name))
         params.n_batch = params.n_ubatch = max(target.n_ubatch, window + 64)
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP

@@ -39,6 +39,7 @@ from app.engine.constraint import Constraint
 from app.engine.logprobs import NO_SCORES, Scores
 from app.engine.logprobs import scores as logprob_scores
 from app.engine.mlx.models import LoadedModel, load_model
+from app.engine.mtp import HiddenRows, MtpDrafter
 from app.engine.protocol import EngineError, LoadOptions, ModelInfo, SamplingParams
 from app.engine.slots import Slot, SlotEngine
 
@@ -53,6 +54,7 @@ class _Slot(Slot):
 
     cache: list[Any]
     logits: mx.array | None = None  # the next-token logits after `tokens`, when known
+    hidden: HiddenRows | None = None  # the last positions' hidden states, for an MTP head
 
 
 class _Payload(io.BytesIO):
@@ -125,6 +127,8 @@ class _MlxDraw:
         if not self._ahead:
             return
         slot.tokens.pop()
+        if slot.hidden is not None:
+            slot.hidden.cut(len(slot.tokens))
         trimmed = trim_prompt_cache(slot.cache, 1)
         if trimmed == 1:
             slot.logits = self._logits
@@ -148,6 +152,7 @@ class MlxEngine(SlotEngine[_Slot]):
         super().__init__()
         self._loaded: LoadedModel | None = None
         self._lltokenizer: LLTokenizer | None = None  # for grammars, once asked
+        self._keep_hidden = 0  # hidden states kept per slot (an MTP drafter asks for them)
 
     # -- loading --------------------------------------------------------------------------
 
@@ -226,6 +231,8 @@ class MlxEngine(SlotEngine[_Slot]):
         if not keep:
             slot.cache = make_prompt_cache(self._loaded.model)
         slot.logits = None
+        if slot.hidden is not None:
+            slot.hidden.cut(keep)
         return keep
 
     def _has_logits(self, slot: _Slot) -> bool:
@@ -262,14 +269,14 @@ class MlxEngine(SlotEngine[_Slot]):
         """Evaluate `chunk` into the slot's cache. The vocabulary projection is computed only
         for the last token, and only when its logits are wanted (MLX is lazy: a prefix
         chunk's logits that are never read are never computed)."""
-        model = self._loaded.model
         try:
             head = chunk[:-1] if want_logits else chunk
             if head:
-                model(mx.array(head)[None], cache=slot.cache)
+                self._call(slot, mx.array(head), len(slot.tokens))
                 mx.eval([c.state for c in slot.cache])
             if want_logits:
-                logits = model(mx.array(chunk[-1:])[None], cache=slot.cache)[0, -1]
+                at = len(slot.tokens) + len(head)
+                logits = self._call(slot, mx.array(chunk[-1:]), at)[0, -1]
                 mx.eval(logits, [c.state for c in slot.cache])
         except (RuntimeError, ValueError, MemoryError) as exc:
             self._clear(slot)
@@ -281,7 +288,7 @@ class MlxEngine(SlotEngine[_Slot]):
         """All positions' logits: the model call returns them (the projection is computed for
         every token of the chunk, which is the point)."""
         try:
-            logits = self._loaded.model(mx.array(chunk)[None], cache=slot.cache)[0]
+            logits = self._call(slot, mx.array(chunk), len(slot.tokens))[0]
             mx.eval(logits, [c.state for c in slot.cache])
         except (RuntimeError, ValueError, MemoryError) as exc:
             self._clear(slot)
@@ -290,6 +297,33 @@ class MlxEngine(SlotEngine[_Slot]):
         slot.logits = logits[-1]
         return np.array(logits.astype(mx.float32))
 
+    def _call(self, slot: _Slot, tokens: mx.array, start: int) -> mx.array:
+        """The model over `tokens` [L] at positions start.., into the slot's cache; the final
+        hidden states recorded where an MTP drafter asked for them."""
+        model = self._loaded.model
+        logits = model(tokens[None], cache=slot.cache)
+        if self._keep_hidden:
+            rows = model.hidden[-self._keep_hidden :]
+            if slot.hidden is None:
+                slot.hidden = HiddenRows(self._keep_hidden)
+            slot.hidden.record(start + tokens.shape[0] - rows.shape[0], rows, rows.shape[0])
+        return logits
+
+    def _open_drafters(self, options: LoadOptions, info: ModelInfo) -> None:
+        """The shared drafters, and the model's own MTP head after prompt lookup where it
+        has one (DeepSeek V4 from a GGUF with the NextN block) and the options allow it."""
+        super()._open_drafters(options, info)
+        model = self._loaded.model
+        if not self._speculates or options.speculation not in ("auto", "mtp"):
+            return
+        if not getattr(model, "mtp", None):
+            return
+        from app.engine.mlx.deepseek_v4.mtp import MlxMtpHead
+
+        drafter = MtpDrafter(self, MlxMtpHead(model), options.n_seq_max)
+        lookup = [d for d in self._drafters if d.free]
+        self._drafters[len(lookup) : len(lookup)] = [drafter]
+
     def _logits(self, slot: _Slot) -> np.ndarray:
         return np.array(slot.logits.astype(mx.float32))
 
@@ -297,7 +331,7 @@ class MlxEngine(SlotEngine[_Slot]):
         """Evaluate a sampled token before its value is read; the draw appends it to
         `slot.tokens` once it is known."""
         try:
-            logits = self._loaded.model(sampled.reshape(1, 1), cache=slot.cache)[0, -1]
+            logits = self._call(slot, sampled.reshape(1), len(slot.tokens))[0, -1]
         except (RuntimeError, ValueError, MemoryError) as exc:
             self._clear(slot)
             raise EngineError(f"MLX failed to evaluate the reply: {exc}") from exc

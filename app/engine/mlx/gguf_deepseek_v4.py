@@ -46,6 +46,13 @@ _LAYER_MODULES = {
     "ffn_down_shexp": "ffn.shared_experts.w2",
     "ffn_up_shexp": "ffn.shared_experts.w3",
 }
+# The MTP block's own tensors (the rest of block n_layer maps as a layer's, under mtp.0.block)
+_NEXTN_MODULES = {
+    "nextn.eh_proj": "eh_proj",
+    "nextn.enorm": "enorm",
+    "nextn.hnorm": "hnorm",
+    "nextn.shared_head_norm": "norm",
+}
 # GGUF tensor -> the one parameter it is
 _GLOBAL_ARRAYS = {
     "output_hc_fn": "hc_head_fn",
@@ -79,7 +86,10 @@ def model_args(metadata: dict[str, Any]) -> ModelArgs:
             )
         return value.tolist() if isinstance(value, mx.array) else value
 
-    n_layer = int(get("block_count"))
+    n_mtp = int(metadata.get(f"{ARCHITECTURE}.nextn_predict_layers", 0))
+    if n_mtp > 1:
+        raise ModelLoadError("This GGUF has several MTP blocks; DeepSeek V4 has one.")
+    n_layer = int(get("block_count")) - n_mtp
     limits = get("swiglu_clamp_exp")
     limits = limits if isinstance(limits, list) else [limits] * n_layer
     if len(set(limits[:n_layer])) > 1:
@@ -132,18 +142,24 @@ def model_args(metadata: dict[str, Any]) -> ModelArgs:
             hc_mult=int(get("hyper_connection.count")),
             hc_sinkhorn_iters=int(get("hyper_connection.sinkhorn_iterations")),
             hc_eps=float(get("hyper_connection.epsilon")),
+            mtp_layers=n_mtp,
         )
     except ValueError as exc:
         raise ModelLoadError(f"The GGUF's DeepSeek V4 settings do not fit together: {exc}") from exc
 
 
-def mlx_name(gguf_name: str) -> str | None:
-    """The `deepseek_v4.Model` parameter a GGUF tensor fills (None: not one of its tensors)."""
+def mlx_name(gguf_name: str, mtp_block: int = -1) -> str | None:
+    """The `deepseek_v4.Model` parameter a GGUF tensor fills (None: not one of its tensors);
+    block `mtp_block` is the MTP block."""
     base, _, suffix = gguf_name.rpartition(".")
     modules, arrays, prefix = _GLOBAL_MODULES, _GLOBAL_ARRAYS, ""
     if base.startswith("blk."):
         _, layer, base = base.split(".", 2)
         modules, arrays, prefix = _LAYER_MODULES, _LAYER_ARRAYS, f"layers.{layer}."
+        if int(layer) == mtp_block:
+            if base in _NEXTN_MODULES:
+                return f"mtp.0.{_NEXTN_MODULES[base]}.{suffix}"
+            prefix = "mtp.0.block."
     if base in arrays:
         return prefix + arrays[base]
     return f"{prefix}{modules[base]}.{suffix}" if base in modules else None
@@ -151,11 +167,13 @@ def mlx_name(gguf_name: str) -> str | None:
 
 def build(weights: dict[str, mx.array], metadata: dict[str, Any]) -> nn.Module:
     """The DeepSeek V4 model holding the GGUF's tensors (quantized ones stay quantized)."""
-    model = Model(model_args(metadata))
+    args = model_args(metadata)
+    model = Model(args)
     mapped: dict[str, mx.array] = {}
     unknown = []
+    mtp_block = args.num_hidden_layers if args.mtp_layers else -1
     for name, tensor in weights.items():
-        target = mlx_name(name)
+        target = mlx_name(name, mtp_block)
         if target is None:
             unknown.append(name)
         else:

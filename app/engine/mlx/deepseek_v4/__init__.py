@@ -20,9 +20,11 @@ One architecture in mlx-lm's style: a `ModelArgs` dataclass, small modules, a `M
 
 The parts live in small modules: `args` (ModelArgs), `layers` (RMS norm, RoPE), `cache`
 (DeepseekV4Cache: what it holds and what trimming can reach), `compressor`, `moe`, `hyper`
-(hyper-connections) and `weights` (checkpoint tensors as parameters). This module holds the
-attention, the lightning indexer and the model itself; the indexer calls `top_k_indices`
-through this module's globals, so a benchmark can swap the top-k implementation here.
+(hyper-connections), `weights` (checkpoint tensors as parameters) and `mtp` (the MTP block
+as a drafter's head, one window cache per conversation). This module holds the attention, the
+lightning indexer, the MTP block (`MtpBlock`, a GGUF's NextN layer) and the model itself;
+the indexer calls `top_k_indices` through this module's globals, so a benchmark can swap the
+top-k implementation here.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ __all__ = [
     "Indexer",
     "Model",
     "ModelArgs",
+    "MtpBlock",
     "top_k_indices",
 ]
 
@@ -129,8 +132,8 @@ class Attention(nn.Module):
         kv = self._rope(self.kv_norm(self.wkv(x))[None], offset)[0]  # [L, D]
 
         cache.raw.append(kv)
-        first = max(0, offset - self.window + 1)
-        keys = [cache.raw.view(first, offset + n_q)]
+        first = max(cache.start, offset - self.window + 1)
+        keys = [cache.raw.view(first - cache.start, offset + n_q - cache.start)]
         q_pos = mx.arange(offset, offset + n_q)[:, None]
         k_pos = mx.arange(first, offset + n_q)[None]
         masks = [(k_pos <= q_pos) & (q_pos - k_pos < self.window)]
@@ -212,8 +215,41 @@ class Block(nn.Module):
         return HyperMix.expand(y.astype(mx.float32), h, post, comb)
 
 
+class MtpBlock(nn.Module):
+    """The NextN (multi-token prediction) block, as llama.cpp's deepseek4 `graph_mtp` runs it:
+    the entry of token x at p reads the model's final streams at p - 1, each stream becomes
+    `eh_proj([enorm(embed(x)); hnorm(stream)])`, one more block (raw window attention) runs over
+    them, and the model's hc head with this block's own norm and the model's head give the
+    logits of p + 1. Its output streams stand in for the model's when a guess is fed back."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        width, eps = args.hidden_size, args.rms_norm_eps
+        self.eh_proj = nn.Linear(2 * width, width, bias=False)
+        self.enorm = nn.RMSNorm(width, eps=eps)
+        self.hnorm = nn.RMSNorm(width, eps=eps)
+        self.norm = nn.RMSNorm(width, eps=eps)  # the shared head's
+        self.block = Block(args, args.num_hidden_layers)
+        self._hc = args.hc_mult
+
+    def __call__(
+        self, model: Model, tokens: mx.array, states: mx.array, cache: DeepseekV4Cache
+    ) -> tuple[mx.array, mx.array]:
+        """tokens [L], the streams before them [L, hc * E] -> logits [L, vocab], streams."""
+        n, dtype = tokens.shape[0], model.compute_dtype
+        e = self.enorm(model.embed(tokens).astype(mx.float32))
+        h = self.hnorm(states.astype(mx.float32).reshape(n, self._hc, -1))
+        x = mx.concatenate([mx.broadcast_to(e[:, None, :], h.shape), h], axis=-1)
+        x = self.eh_proj(x.astype(dtype)).astype(mx.float32)
+        x = self.block(x, tokens, cache, dtype)
+        cache.advance(n)
+        return model.output(x, self.norm), x.reshape(n, -1)
+
+
 class Model(nn.Module):
-    """DeepSeek V4 (no MTP head): `model(tokens[1, L], cache) -> logits[1, L, vocab]`."""
+    """DeepSeek V4: `model(tokens[1, L], cache) -> logits[1, L, vocab]`, with its MTP block
+    (`mtp.MtpBlock`) where the GGUF has one. While `keep_hidden` is set, `hidden` is the last
+    call's final streams [L, hc * E] (the state the MTP block reads)."""
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -227,6 +263,10 @@ class Model(nn.Module):
         self.hc_head_fn = mx.zeros((hc, hc * args.hidden_size))
         self.hc_head_base = mx.zeros((hc,))
         self.hc_head_scale = mx.zeros((1,))
+        if args.mtp_layers:
+            self.mtp = [MtpBlock(args)]
+        self.keep_hidden = False
+        self.hidden: mx.array | None = None
 
     def __call__(self, inputs: mx.array, cache: list[DeepseekV4Cache] | None = None) -> mx.array:
         if inputs.ndim != 2 or inputs.shape[0] != 1:
@@ -239,11 +279,17 @@ class Model(nn.Module):
         for layer, layer_cache in zip(self.layers, cache, strict=True):
             h = layer(h, tokens, layer_cache, dtype)
             layer_cache.advance(tokens.shape[0])
+        if self.keep_hidden:
+            self.hidden = h.reshape(h.shape[0], -1)
+        return self.output(h, self.norm)[None]
+
+    def output(self, h: mx.array, norm: nn.Module) -> mx.array:
+        """Logits [L, vocab] of the streams h [L, hc, E]: the hc head's mix, `norm`, head."""
         flat = rms_norm(h.reshape(h.shape[0], -1), self.args.rms_norm_eps)
         mixes = flat @ self.hc_head_fn.T
         pre = mx.sigmoid(mixes * self.hc_head_scale + self.hc_head_base) + self.args.hc_eps
         y = (pre[..., None] * h).sum(axis=1)
-        return self.head(self.norm(y).astype(dtype))[None]
+        return self.head(norm(y).astype(self.compute_dtype))
 
     @property
     def compute_dtype(self) -> mx.Dtype:
@@ -257,8 +303,9 @@ class Model(nn.Module):
         Renames the hyper-connection tensors, stacks the routed experts for SwitchGLU,
         dequantizes FP8 block-scaled matrices, and keeps the FP4 experts packed: their bytes
         are MLX's mxfp4 layout already (two E2M1 codes per byte, low nibble first, one E8M0
-        exponent per 32), so those layers become quantized ones here. Drops the MTP block
-        and the vision-only routing bias. Idempotent on its own output.
+        exponent per 32), so those layers become quantized ones here. Drops a Hugging Face
+        checkpoint's MTP block (a GGUF's is kept) and the vision-only routing bias. Idempotent
+        on its own output.
         """
         out = sanitize_checkpoint(self.args, weights)
         quantize_for(self, out)

@@ -48,6 +48,7 @@ class ModelArgs(BaseModelArgs):
     hc_mult: int = 4
     hc_sinkhorn_iters: int = 20
     hc_eps: float = 1e-6
+    mtp_layers: int = 0  # NextN blocks after the layers (a GGUF's; Hugging Face MTP is dropped)
 
     def __post_init__(self) -> None:
         if not self.compress_ratios:

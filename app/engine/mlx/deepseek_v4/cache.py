@@ -108,6 +108,7 @@ class DeepseekV4Cache:
         self.history = history
         self.checkpoint_every = checkpoint_every
         self.offset = 0
+        self.start = 0  # the first position it holds (an MTP block's cache may begin later)
         self.floor = 0  # the earliest position trim() reaches exactly
         self.raw = _Rows()
         self.compressors: dict[str, _CompressorState] = {}

@@ -48,7 +48,8 @@ def sanitize_checkpoint(args: ModelArgs, weights: dict[str, mx.array]) -> dict[s
     experts: dict[str, list[tuple[int, mx.array, mx.array | None]]] = {}
     for name, value in weights.items():
         quant_scale = name.endswith(".scale") and name[:-6] + ".weight" in weights
-        if name.startswith("mtp.") or name.endswith(".bias_vl") or quant_scale:
+        hf_mtp = name.startswith("mtp.") and not args.mtp_layers  # a GGUF's is kept (mtp.0.)
+        if hf_mtp or name.endswith(".bias_vl") or quant_scale:
             continue
         layer, _, rest = name.removeprefix("layers.").partition(".")
         if name.startswith("layers.") and rest.startswith(("hc_attn_", "hc_ffn_")):
@@ -61,7 +62,8 @@ def sanitize_checkpoint(args: ModelArgs, weights: dict[str, mx.array]) -> dict[s
                 (int(expert), value, scale)
             )
             continue
-        if name.endswith(".gate.bias") and int(layer) < args.num_hash_layers:
+        hashed = name.startswith("layers.") and int(layer) < args.num_hash_layers
+        if name.endswith(".gate.bias") and hashed:
             continue  # hash layers route by table; llama.cpp drops this bias too
         if name.endswith("tid2eid"):
             value = value.astype(mx.int32)
