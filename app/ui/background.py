@@ -9,7 +9,6 @@ asyncio loop of its own to be opened. A task whose owner was deleted meanwhile i
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -17,10 +16,19 @@ from typing import Any
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
 
 
+class _Relay(QObject):
+    """The signals a pool thread emits. It has no Qt parent, so it lives as long as Python
+    holds it: a task still running when its dialog or window is deleted emits into a live
+    object (Qt drops the queued call to the deleted receiver) instead of a freed one."""
+
+    finished = Signal(int, object)
+    failed = Signal(int, object)
+
+
 class _Task(QRunnable):
     """Runs one call on a pool thread and emits its result or its exception."""
 
-    def __init__(self, relay: Background, token: int, work: Callable[[], object]) -> None:
+    def __init__(self, relay: _Relay, token: int, work: Callable[[], object]) -> None:
         super().__init__()
         self._relay, self._token, self._work = relay, token, work
 
@@ -28,27 +36,23 @@ class _Task(QRunnable):
         try:
             result = self._work()
         except Exception as exc:  # handed to the UI thread, which says it in words
-            with contextlib.suppress(RuntimeError):  # the owner is gone
-                self._relay.failed.emit(self._token, exc)
+            self._relay.failed.emit(self._token, exc)
             return
-        with contextlib.suppress(RuntimeError):
-            self._relay.finished.emit(self._token, result)
+        self._relay.finished.emit(self._token, result)
 
 
 class Background(QObject):
     """Runs callables on a pool and calls `on_done(result)` or `on_failed(words)` on the UI
     thread; `describe` turns an exception into the words (by default its message)."""
 
-    finished = Signal(int, object)
-    failed = Signal(int, object)
-
     def __init__(self, parent: QObject, describe: Callable[[Exception], str] | None = None) -> None:
         super().__init__(parent)
         self._describe = describe or (lambda exc: str(exc) or repr(exc))
         self._tokens = itertools.count(1)
         self._callbacks: dict[int, tuple[Callable[[Any], None], Callable[[str], None]]] = {}
-        self.finished.connect(self._finished, Qt.ConnectionType.QueuedConnection)
-        self.failed.connect(self._failed, Qt.ConnectionType.QueuedConnection)
+        self._relay = _Relay()
+        self._relay.finished.connect(self._finished, Qt.ConnectionType.QueuedConnection)
+        self._relay.failed.connect(self._failed, Qt.ConnectionType.QueuedConnection)
 
     def run(
         self,
@@ -60,7 +64,7 @@ class Background(QObject):
         """Start `work` on `pool`; exactly one of the callbacks runs later, on this thread."""
         token = next(self._tokens)
         self._callbacks[token] = (on_done, on_failed)
-        pool.start(_Task(self, token, work))
+        pool.start(_Task(self._relay, token, work))
 
     def _finished(self, token: int, result: object) -> None:
         on_done, _ = self._callbacks.pop(token)
