@@ -149,7 +149,7 @@ def test_an_imported_agent_conversation_shows_closed_rows_and_the_chat_goes_on(
     log = tmp_path / "agent-log.json"
     log.write_text(json.dumps({"model": "gpt-4o", "messages": AGENT_LOG}), "utf-8")
 
-    window.import_from(log)
+    harness.act(lambda: window.import_from(log))  # File > Import, on the running loop
     harness.run(window.prewarm.idle())
 
     cid = window.conversation_id
