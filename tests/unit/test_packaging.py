@@ -67,7 +67,9 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_hicolor_has_every_size_drawn_from_the_app_icon(tmp_path: Path) -> None:
+# `qapp`: icons.py draws with whatever Qt application exists, so the suite's later window
+# tests still find a QApplication (a QGuiApplication made first aborts every QWidget).
+def test_hicolor_has_every_size_drawn_from_the_app_icon(qapp, tmp_path: Path) -> None:
     written = icons.hicolor(icons.APP_ICON, tmp_path)
     for size in icons.HICOLOR_SIZES:
         png = tmp_path / "icons" / "hicolor" / f"{size}x{size}" / "apps" / "stoke.png"
@@ -77,7 +79,7 @@ def test_hicolor_has_every_size_drawn_from_the_app_icon(tmp_path: Path) -> None:
     assert len(written) == len(icons.HICOLOR_SIZES) + 1
 
 
-def test_the_icns_holds_each_type_at_its_size(tmp_path: Path) -> None:
+def test_the_icns_holds_each_type_at_its_size(qapp, tmp_path: Path) -> None:
     data = icons.icns(icons.APP_ICON, tmp_path / "stoke.icns").read_bytes()
     assert data[:4] == b"icns"
     assert struct.unpack(">I", data[4:8])[0] == len(data)
