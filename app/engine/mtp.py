@@ -15,7 +15,8 @@ later entry's attention), so nothing runs while speculation is off. Entries buil
 head's own guesses are dropped after each proposal; the rest follow the target's tokens
 by common prefix, as the draft model's KV does, so refused drafts never linger there.
 Where the reply's next token is not drawn yet (the runtime evaluated the last one ahead, as
-MLX does), the drafts start with the target's own greedy token, the entry that feeds the head.
+MLX does), the head's entry of the last evaluated token guesses it, two positions past the
+target state it reads (the target's own logits then judge that guess before any batch).
 
 A runtime supplies the head (`MtpHead`): llama.cpp's MTP context (`llamacpp/mtp.py`), the
 MLX DeepSeek V4 block (`mlx/deepseek_v4/mtp.py`).
@@ -125,18 +126,12 @@ class MtpDrafter:
         held = engine._slots.get(slot)
         if held is None or held.hidden is None or len(history) + k >= engine._n_ctx:
             return []
-        n = len(held.tokens)  # the target's KV holds positions < n
-        lead: list[int] = []
-        if len(history) == n:  # its next token is not drawn yet: the target's argmax leads
-            lead = [int(np.argmax(engine._logits(held)))]
-            if k <= 1:
-                return lead
-        tokens = [*history, *lead]
-        entries = self._sync(slot, tokens, held.hidden, n)
+        last = len(history) - 1  # the head's entry of the last token guesses the next
+        entries = self._sync(slot, history, held.hidden, last)
         if entries is None:
             return []
         try:
-            return self._draft(slot, entries, tokens, held.hidden, n, lead, k)
+            return self._draft(slot, entries, history, held.hidden, last, k)
         except RuntimeError as exc:  # the head failed (memory): decode plainly, say why once
             logger.warning("the MTP head could not draft: %s", exc)
             self._head.cut(slot, 0)
@@ -147,32 +142,31 @@ class MtpDrafter:
         self,
         slot: str,
         entries: _Entries,
-        tokens: list[int],
+        history: Sequence[int],
         hidden: HiddenRows,
-        n: int,
-        lead: list[int],
+        last: int,
         k: int,
     ) -> list[int]:
-        engine = self._engine
         start = entries.end
-        states = hidden.get(start - 1, n)
-        logits, state = self._head.step(slot, start, tokens[start : n + 1], states)
-        entries.tokens.extend(tokens[start : n + 1])
-        drafts = [*lead]
-        while len(drafts) < k:
+        states = hidden.get(start - 1, last)
+        logits, state = self._head.step(slot, start, history[start : last + 1], states)
+        entries.tokens.extend(history[start : last + 1])
+        drafts: list[int] = []
+        while True:
             token = int(np.argmax(logits))
             drafts.append(token)
-            if token in engine._eog or len(drafts) == k:
+            if token in self._engine._eog or len(drafts) == k:
                 break
-            logits, state = self._head.step(slot, n + len(drafts) - len(lead), [token], [state])
-        keep = n + 1 - len(lead)  # entries of tokens the reply has: the rest were guesses
-        self._head.cut(slot, keep)
-        del entries.tokens[keep - entries.first :]
+            logits, state = self._head.step(slot, last + len(drafts), [token], [state])
+        self._head.cut(slot, last + 1)  # the guesses' entries go
         return drafts
 
-    def _sync(self, key: str, tokens: Sequence[int], hidden: HiddenRows, n: int) -> _Entries | None:
-        """The key's entries cut to what still matches `tokens`, and started afresh (within
-        the head's window of position n) when the states to extend them are gone."""
+    def _sync(
+        self, key: str, history: Sequence[int], hidden: HiddenRows, last: int
+    ) -> _Entries | None:
+        """The key's entries cut to what still matches `history` (the last one always, to
+        read its logits again), and started afresh (within the head's window of `last`) when
+        the states to extend them are gone. None when the target's states stop short."""
         entries = self._entries.get(key)
         if entries is None:
             entries = self._entries[key] = _Entries()
@@ -181,15 +175,15 @@ class MtpDrafter:
                 self._head.cut(gone, 0)
         self._entries.move_to_end(key)
         first = entries.first
-        common = first + common_prefix(entries.tokens, tokens[first:n])
+        common = min(first + common_prefix(entries.tokens, history[first:last]), last)
         if common < entries.end:
             self._head.cut(key, common)
-            del entries.tokens[common - first :]
-        lowest = max(hidden.first + 1, n - self._head.window)
+            del entries.tokens[max(common - first, 0) :]
+        lowest = max(hidden.first + 1, last - self._head.window)
         if entries.end < lowest or not entries.tokens:
             self._head.cut(key, 0)
             entries.first, entries.tokens = max(lowest, 1), []
-        if hidden.get(entries.end - 1, n) is None:
+        if entries.end > last or hidden.get(entries.end - 1, last) is None:
             return None
         return entries
 

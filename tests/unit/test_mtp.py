@@ -82,13 +82,17 @@ def test_entries_read_the_state_before_them_and_guesses_are_cut() -> None:
     assert head.steps == [(11, [11, 12, 13], [("h", 10), ("h", 11), ("h", 12)])]
 
 
-def test_the_targets_own_token_leads_when_none_is_drawn_yet() -> None:
+def test_with_no_token_drawn_yet_the_last_entry_guesses_it_and_is_read_again() -> None:
     head = Head()
     drafter = MtpDrafter(_engine(10), head, 2)
     assert drafter.propose("a", list(range(10)), 3) == [10, 11, 12]
-    assert head.steps[0][1][-1] == 10 and head.steps[0][2][-1] == ("h", 9)
-    assert head.steps[1][0] == 11
-    assert head.cuts[-1] == 10  # the lead is a guess too until the reply has it
+    assert head.steps[0] == (5, [5, 6, 7, 8, 9], [("h", p) for p in range(4, 9)])
+    assert head.steps[1][0] == 10
+    assert head.cuts[-1] == 10
+    head.steps.clear()
+    assert drafter.propose("a", list(range(10)), 1) == [10]  # the same history again
+    assert head.steps == [(9, [9], [("h", 8)])]
+    assert 9 in head.cuts
 
 
 def test_a_diverged_branch_cuts_the_entries_and_missing_states_draft_nothing() -> None:
