@@ -292,7 +292,10 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         path = check_gguf(options.model_path)
         mparams = cpu_buffers.model_params(options.cpu_buffers)  # this CPU's safe types
         mparams.n_gpu_layers = options.n_gpu_layers
-        mparams.load_mtp = options.speculation in ("auto", "mtp")  # where the GGUF has one
+        # Only when asked: measured on the scaled deepseek4 file (app/bench/mtp_decode.py), MTP
+        # decode with rollback snapshots ran at a tenth of plain decode's speed on llama.cpp.
+        mtp = options.speculation == "mtp"
+        mparams.load_mtp = mtp  # where the GGUF has one
         if options.overrides:
             mparams.use_extra_bufts = False  # host experts in a plain buffer, as planned
         keepalive = apply_overrides(
@@ -304,7 +307,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             del keepalive  # llama.cpp has read the override patterns
             n_ctx_train = llama_cpp.llama_model_n_ctx_train(model.ptr)
             cparams = _context_params(options, model, n_ctx_train)
-            if options.speculation != "off":
+            if mtp:
                 cparams.n_rs_seq = ROLLBACK  # ignored by models whose memory cuts anywhere
             ctx = LlamaContext.create(model, cparams)
             if ctx is None:
@@ -477,10 +480,10 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             seq.hidden.record(len(seq.tokens) - len(rows), rows, len(rows))
 
     def _open_drafters(self, options: LoadOptions, info: ModelInfo) -> None:
-        """The shared drafters, and the model's own MTP head after prompt lookup when the
-        GGUF carries one (`load_mtp` loaded it) and the options allow it."""
+        """The shared drafters, and the model's own MTP head when the GGUF carries one
+        (`load_mtp` loaded it) and the options ask for "mtp" ("auto" does not, see `load`)."""
         super()._open_drafters(options, info)
-        if not self._speculates or options.speculation not in ("auto", "mtp"):
+        if not self._speculates or options.speculation != "mtp":
             return
         if llama_cpp.llama_model_n_layer_nextn(self._model.ptr) <= 0:
             return
