@@ -1,0 +1,86 @@
+"""Speculative decoding on the real engines and the default model: the drafts are really
+verified (and mostly kept on a code edit), the next turn prefills only its new tokens (so the
+KV held exactly what was handed out), and at temperature 0 each method's reply is token for
+token plain decoding's (on llama.cpp an expected failure when it is not: KNOWN_DRIFT).
+
+The draft model is the default model cut to its first two blocks (`write_truncated`), which
+shares its tokenizer: poor guesses, but real ones from a second model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.conversations import ConversationStore
+from app.engine.host import EngineClient
+from app.engine.protocol import FinishReason, LoadOptions
+from app.models.default import default_model_path
+from app.models.truncated_gguf import write_truncated
+from app.session import ChatSession
+from tests.e2e.conftest import both_engines
+
+pytestmark = pytest.mark.e2e
+
+CODE = "\n".join(
+    f"def scale_{i}(values, factor):\n    total = [v * factor + {i} for v in values]\n"
+    f"    return total\n"
+    for i in range(6)
+)
+EDIT = f"Repeat this code exactly, but rename `total` to `result`:\n```python\n{CODE}```"
+FOLLOW_UP = "Now say in one sentence what the functions do."
+SAMPLING = {"temperature": 0.0, "max_tokens": 120}
+# What keeps llama.cpp's greedy replies from being plain decoding's token for token: its
+# batched kernels write K/V that differ from one-token decoding's (the next logits move by
+# up to 0.8 on the default model, with any thread count and CPU buffer types), so a later
+# near tie may fall the other way. The verify rows themselves are guarded (TIE_MARGIN).
+KNOWN_DRIFT = "llama.cpp's batched kernels write K/V that differ from one-token decoding's"
+
+
+@pytest.fixture(scope="session")
+def draft_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("draft") / "draft-2-layers.gguf"
+    return str(write_truncated(Path(default_model_path()), out, 2))
+
+
+async def _conversation(store: ConversationStore, options: LoadOptions, engine: str):
+    """Two turns (the code edit, then a follow-up) on an engine with `options`."""
+    client = EngineClient(options, backend=engine)
+    await client.start()
+    try:
+        session = ChatSession(store, client)
+        conversation = store.create_conversation(sampling=SAMPLING)
+        first = await session.send(conversation.id, EDIT)
+        second = await session.send(conversation.id, FOLLOW_UP)
+        return first, second
+    finally:
+        await client.close()
+
+
+@both_engines
+@pytest.mark.parametrize("method", ["lookup", "draft"])
+def test_speculation_is_exact_and_the_next_turn_prefills_new_tokens_only(
+    store: ConversationStore, model_path, draft_model, run, engine, method
+):
+    base = LoadOptions(model_path, n_ctx=2048, speculation="off")
+    spec = LoadOptions(model_path, n_ctx=2048, speculation=method, draft_model=draft_model)
+    plain_first, plain_second = run(_conversation(store, base, engine))
+    first, second = run(_conversation(store, spec, engine))
+
+    assert plain_first.stats.drafted_tokens == 0
+    if method == "lookup":  # the reply copies the prompt's code: guesses are verified, kept
+        assert first.stats.drafted_tokens > 0
+        assert first.stats.accepted_tokens > len(first.token_ids) // 4
+    # (The 2-block draft model is often judged not worth a verify and kept off: no count.)
+    # Turn 2 reuses the prompt and reply of turn 1 as the KV holds them: exactly the tokens
+    # handed out (the last one too, unless max_tokens cut the reply before it was evaluated).
+    held = first.stats.prompt_tokens + len(first.token_ids)
+    if first.stats.finish_reason == FinishReason.LENGTH:
+        held -= 1
+    assert second.stats.reused_tokens == held
+    assert second.stats.prefilled_tokens == second.stats.prompt_tokens - held
+    exact = (first.token_ids, second.token_ids) == (plain_first.token_ids, plain_second.token_ids)
+    if engine == "llama.cpp" and not exact:
+        pytest.xfail(KNOWN_DRIFT)
+    assert exact
