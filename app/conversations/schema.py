@@ -47,8 +47,7 @@ CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming';
 
 # Streaming replies stay out of the index (rewriting it every ~100 ms would make each update
 # cost as much as the whole reply); they enter it when they stop streaming.
-_V2_SEARCH = """
-CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='seq');
+_MESSAGES_FTS_TRIGGERS = """
 CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
 WHEN new.status != 'streaming' BEGIN
     INSERT INTO messages_fts(rowid, content) VALUES (new.seq, new.content);
@@ -64,7 +63,14 @@ CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
 WHEN old.status != 'streaming' BEGIN
     INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.seq, old.content);
 END;
-INSERT INTO messages_fts(rowid, content) SELECT seq, content FROM messages
+"""
+
+_V2_SEARCH = (
+    """
+CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='seq');
+"""
+    + _MESSAGES_FTS_TRIGGERS
+    + """INSERT INTO messages_fts(rowid, content) SELECT seq, content FROM messages
     WHERE status != 'streaming';
 
 CREATE VIRTUAL TABLE titles_fts USING fts5(title, conversation_id UNINDEXED);
@@ -83,6 +89,7 @@ END;
 INSERT INTO titles_fts(title, conversation_id) SELECT title, id FROM conversations
     WHERE title IS NOT NULL;
 """
+)
 
 # Who writes: the lease (app/conversations/leases.py) of the process streaming a reply, and
 # of the process whose turn holds a conversation; NULL when nobody does.
@@ -105,7 +112,8 @@ ALTER TABLE conversations ADD COLUMN imported_at REAL;
 # it, or dropping the old table would cascade into the new one): every row keeps its seq,
 # so the search index, keyed on seq, stays valid; the indexes and the search triggers, which
 # went with the old table, are made again as they were.
-_V5_TOOLS = """
+_V5_TOOLS = (
+    """
 CREATE TABLE messages_v5 (
     seq INTEGER PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,
@@ -135,22 +143,9 @@ DROP TABLE messages;
 ALTER TABLE messages_v5 RENAME TO messages;
 CREATE INDEX messages_by_parent ON messages(conversation_id, parent_id);
 CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming';
-CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages
-WHEN new.status != 'streaming' BEGIN
-    INSERT INTO messages_fts(rowid, content) VALUES (new.seq, new.content);
-END;
-CREATE TRIGGER messages_fts_update AFTER UPDATE OF content, status ON messages
-WHEN old.status != 'streaming' OR new.status != 'streaming' BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content)
-        SELECT 'delete', old.seq, old.content WHERE old.status != 'streaming';
-    INSERT INTO messages_fts(rowid, content)
-        SELECT new.seq, new.content WHERE new.status != 'streaming';
-END;
-CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages
-WHEN old.status != 'streaming' BEGIN
-    INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.seq, old.content);
-END;
 """
+    + _MESSAGES_FTS_TRIGGERS
+)
 
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1_TABLES),
