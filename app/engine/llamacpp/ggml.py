@@ -76,6 +76,9 @@ ggml_backend_dev_count = _bind("ggml_backend_dev_count", [], ctypes.c_size_t)
 # GGML_API ggml_backend_dev_t ggml_backend_dev_get(size_t index);
 ggml_backend_dev_get = _bind("ggml_backend_dev_get", [ctypes.c_size_t], ggml_backend_dev_t)
 
+# GGML_API ggml_backend_reg_t ggml_backend_reg_by_name(const char * name);
+ggml_backend_reg_by_name = _bind("ggml_backend_reg_by_name", [ctypes.c_char_p], ggml_backend_reg_t)
+
 # GGML_API void ggml_backend_load_all_from_path(const char * dir_path);
 ggml_backend_load_all_from_path = _bind("ggml_backend_load_all_from_path", [ctypes.c_char_p], None)
 
@@ -209,6 +212,15 @@ def gpu_offload_supported() -> bool:
     """Whether this llama.cpp build can offload layers to a GPU at all."""
     load_backends()
     return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def rpc_supported() -> bool:
+    """Whether this llama.cpp build has the RPC backend (built with GGML_RPC=ON), which adds
+    other machines' `rpc-server` devices to this process's."""
+    if ggml_backend_reg_by_name is None:
+        return False
+    load_backends()
+    return bool(ggml_backend_reg_by_name(b"RPC"))
 
 
 def cpu_extra_buffer_types() -> ctypes.Array | None:
