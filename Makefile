@@ -5,16 +5,28 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LINT_DIRS := $(wildcard app tests bench packaging)
 PACKAGING_STAMP := $(VENV)/.packaging-stamp
-# llama-cpp-python builds from source (about 4 minutes on 2 cores); pip caches the wheel.
+# llama.cpp as Stoke runs it, from the pinned llama-cpp-python sdist (packaging/llama_build.py):
+# the engine's llama-cpp-python with the RPC backend (about 4 minutes on 2 cores), and
+# llama-server and rpc-server (`make llama-tools`), each built once per llama-cpp-python
+# version and flavor into ~/.cache/stoke-build (STOKE_BUILD_CACHE moves it; CI caches it).
+# GPU builds: STOKE_LLAMA_FLAVOR=cuda (or vulkan; metal is the Mac default), and any more
+# CMake flags in LLAMA_CMAKE_ARGS.
+LLAMA_BUILD := packaging/llama_build.py
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: run test lint install clean package package-test
+.PHONY: run test lint install clean package package-test llama-tools
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LLAMA_BUILD)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) $(LLAMA_BUILD) install
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# llama-server and rpc-server (app/engine/llamacpp/tools.py finds them); `make test` builds
+# them so the tests against a real llama-server run.
+llama-tools: $(STAMP)
+	$(PY) $(LLAMA_BUILD) tools
 
 install: $(STAMP)
 
@@ -25,7 +37,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 	$(VENV)/bin/ruff format --check $(LINT_DIRS)
 
-test: $(STAMP) lint
+test: $(STAMP) lint llama-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 $(PACKAGING_STAMP): $(STAMP)
