@@ -3,6 +3,8 @@
 Prints the per-device memory table and the llama-server command line that reproduces the
 placement, or the plan as JSON. Without --devices it plans for the GPUs detected here, with
 their free memory as budgets; --devices describes another machine (`cuda:12GiB,cuda:12GiB`).
+--rpc adds llama.cpp rpc-servers on other machines: `HOST:PORT` is asked for its memory,
+`HOST:PORT=128GiB@10GbE` describes one that is not here (app/hardware/rpc.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from app.hardware.planner import (
     plan_to_dict,
     refine,
 )
+from app.hardware.rpc import budgets as rpc_budgets
+from app.hardware.rpc import parse_specs
 from app.units import gib
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -69,12 +73,13 @@ def _experts(d) -> str:
 
 def render(p: Plan) -> str:
     """The plan as a table a person reads before loading 150 GB."""
+    width = max(8, *(len(d.name) for d in p.devices))
     lines = [
         f"{Path(p.model).name} ({p.architecture}, {p.n_layer} layers): context {p.n_ctx:,}, "
         f"micro-batch {p.n_ubatch}, KV {p.kv_type}{'' if p.kv_offload else ' in RAM'}, "
         f"profile {p.profile}, margin {p.margin:.0%}",
         "",
-        f"{'device':8} {'layers':>9} {'weights':>9} {'KV':>8} {'compute':>8} {'total':>9} "
+        f"{'device':{width}} {'layers':>9} {'weights':>9} {'KV':>8} {'compute':>8} {'total':>9} "
         f"{'budget':>9}  expert layers",
     ]
     for d in p.devices:
@@ -84,19 +89,35 @@ def render(p: Plan) -> str:
             gib(n, 2, unit=False) for n in (d.weights, d.kv, d.compute, d.total, d.budget)
         )
         lines.append(
-            f"{d.name:8} {layers:>9} {weights:>9} {kv:>8} {compute:>8} {total:>9} {budget:>9}  "
-            f"{_experts(d)}{flag}"
+            f"{d.name:{width}} {layers:>9} {weights:>9} {kv:>8} {compute:>8} {total:>9} "
+            f"{budget:>9}  {_experts(d)}{flag}"
         )
     lines.append("")
     if p.expert_bytes_total:
         lines.append(
-            f"Experts on GPUs: {p.expert_layers_on_gpu:.1f} of {p.n_layer} layers "
+            f"Experts on {'devices' if p.links else 'GPUs'}: "
+            f"{p.expert_layers_on_gpu:.1f} of {p.n_layer} layers "
             f"({gib(p.expert_bytes_gpu, 2, unit=False)} of {gib(p.expert_bytes_total, 2)})."
         )
+    lines += _network(p)
     lines.append("Fits." if p.fits else f"Does not fit. {p.minimum}")
     lines += [f"Note: {w}" for w in p.warnings]
     lines += ["", "llama-server command line:", p.command]
     return "\n".join(lines)
+
+
+def _network(p: Plan) -> list[str]:
+    """Each remote link's predicted traffic: per decoded token, and per prefill micro-batch."""
+    lines = []
+    for t in p.links:
+        rtt = f", round trip {t.rtt_s * 1000:.2f} ms" if t.rtt_s is not None else ""
+        lines.append(
+            f"Link to {t.machine} ({t.link}{rtt}): {t.bytes_per_token / 1024:,.0f} KiB per token "
+            f"({t.round_trips} round trip(s)), {t.seconds_per_token * 1000:.2f} ms per token; "
+            f"a {p.n_ubatch}-token micro-batch sends {t.prefill_bytes / (1 << 20):,.0f} MiB "
+            f"in {t.prefill_seconds:.2f} s."
+        )
+    return lines
 
 
 def _detected(args: argparse.Namespace) -> tuple[list[DeviceBudget], int, list[str]]:
@@ -126,6 +147,14 @@ def run(args: argparse.Namespace) -> int:
         devices, ram, notes = _detected(args)
     else:
         devices, ram = parse_devices(args.devices), 0
+    if args.rpc:
+        try:
+            specs = parse_specs(args.rpc)
+        except ValueError as exc:
+            print(f"stoke plan: {exc}", file=sys.stderr)
+            return 2
+        remote, rpc_notes, _ = rpc_budgets(specs, connect=False)
+        devices, notes = [*devices, *remote], [*notes, *rpc_notes]
     if args.ram is not None:
         ram = args.ram
     elif args.devices is not None:
@@ -178,6 +207,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         metavar="KIND:SIZE,...",
         help="GPUs and their budgets, e.g. cuda:12GiB,cuda:12GiB (default: the GPUs here)",
+    )
+    parser.add_argument(
+        "--rpc",
+        action="append",
+        metavar="HOST:PORT[=SIZE][@LINK],...",
+        help="rpc-servers to split over: probed, or described (mac:50052=128GiB@10GbE)",
     )
     parser.add_argument("--ram", type=parse_size, help="RAM budget (default: available here)")
     parser.add_argument("--ctx", type=int, help="context length (default 65,536 or the model's)")

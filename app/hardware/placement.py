@@ -34,6 +34,16 @@ _INPUT_PREFIXES = ("token_embd.", "position_embd.", "token_types.", "per_layer_t
 
 
 @dataclass(frozen=True)
+class Link:
+    """The network to a remote machine: its rate in bytes per second and its round trip
+    (None: not measured or stated), and how it was written ("10GbE")."""
+
+    bandwidth: int
+    rtt_s: float | None
+    name: str
+
+
+@dataclass(frozen=True)
 class DeviceBudget:
     """A GPU as llama.cpp names it ("CUDA0"), and the bytes a plan may use on it (its free
     memory, before the margin). Order matters: it is llama.cpp's device order."""
@@ -47,6 +57,8 @@ class DeviceBudget:
     measured_compute: tuple[tuple[int, int], ...] = ()
     total: int | None = None  # the device's whole memory, when known (sizes the reserve)
     runtime: int | None = None  # the GPU runtime's own bytes, where measured on this machine
+    machine: str = ""  # "" for this machine; an rpc-server's HOST:PORT for a remote device
+    link: Link | None = None  # the network to `machine`
 
     @classmethod
     def of(cls, gpu: GpuInfo) -> DeviceBudget:
@@ -54,10 +66,18 @@ class DeviceBudget:
         return cls(gpu.name, gpu.memory_free, gpu.backend, gpu.description, total=gpu.memory_total)
 
     @property
+    def remote(self) -> bool:
+        return bool(self.machine)
+
+    @property
     def reserve(self) -> int:
         """Bytes the GPU runtime takes beside llama.cpp's buffers (see GPU_RESERVE)."""
+        if self.backend == "cpu":  # this machine's CPU leading a split: RAM has no runtime
+            return 0
         if self.runtime is not None:
             return self.runtime
+        if self.backend == "rpc":  # whatever the server runs on: no floor for a CPU there
+            return int((self.total or self.budget) * GPU_RESERVE_FRACTION)
         return max(GPU_RESERVE, int((self.total or self.budget) * GPU_RESERVE_FRACTION))
 
 
@@ -205,6 +225,27 @@ def _split(loads: Sequence[int], caps: Sequence[int]) -> list[int] | None:
     return counts if start == n else None
 
 
+def _remote_first(
+    full: Sequence[int], fixed: Sequence[int], room: Sequence[int], gpus: Sequence[DeviceBudget]
+) -> list[int] | None:
+    """Remote devices (first in the order) take whole layers, experts included, as many as
+    fit, so no layer of theirs has its experts on another machine; this machine's GPUs split
+    the rest as usual, their experts packed after. None when that does not apply or fit."""
+    n_remote = next((i for i, g in enumerate(gpus) if not g.remote), len(gpus))
+    if not n_remote or n_remote == len(gpus):
+        return None
+    head, start = [], 0
+    for i in range(n_remote):
+        end, used = start, 0
+        while end < len(full) - 1 and used + full[end] <= room[i]:
+            used += full[end]
+            end += 1
+        head.append(end - start)
+        start = end
+    rest = _split(fixed[start:], room[n_remote:])
+    return None if rest is None else head + rest
+
+
 def _compute(
     info: GGUFInfo,
     shape: ContextShape,
@@ -217,11 +258,18 @@ def _compute(
     output_gpu = max((i for i, c in enumerate(counts) if c), default=len(gpus) - 1)
     stage = host_weights and shape.n_ubatch >= OP_OFFLOAD_MIN_BATCH
     staged = staging_bytes(t for g in host for t in g.tensors) if stage else 0
+    # llama.cpp stages host experts on the first device that offloads ops: RPC devices do not
+    first = next((i for i, g in enumerate(gpus) if g.backend not in ("rpc", "cpu")), None)
     sizes, sources = [], []
     for i, gpu in enumerate(gpus):
         role: ComputeRole
+        if gpu.backend == "cpu":  # this machine's CPU holding the first layers of a split
+            size, source = compute_bytes(info, shape, "cpu", backend="cpu")
+            sizes.append(size)
+            sources.append(source)
+            continue
         if host_weights:
-            role = "gpu_first" if i == 0 and stage else "gpu"
+            role = "gpu_first" if i == first and stage else "gpu"
         else:
             role = "gpu_all_output" if i == output_gpu else "gpu_all"
         size, source = compute_bytes(info, shape, role, backend=gpu.backend, staging=staged)
@@ -307,7 +355,8 @@ def lay_out(
     host = list(all_groups)
     compute, *_ = _compute(info, shape, gpus, [1] * len(gpus), host)
     fixed = [pieces.weights[u] + kv_units[u] for u in range(pieces.n_units)]
-    counts = _split(fixed, [c - x for c, x in zip(caps, compute, strict=True)])
+    room = [c - x for c, x in zip(caps, compute, strict=True)]
+    counts = _remote_first(full, fixed, room, gpus) or _split(fixed, room)
     if counts is None:  # not even the non-expert layers fit: the plan shows by how much
         counts = _split(fixed, [max(c, 1) for c in caps]) or [0] * (len(gpus) - 1) + [
             pieces.n_units
@@ -317,7 +366,7 @@ def lay_out(
     for _ in range(3):  # staging shrinks as experts move: repack into the room it frees
         layout = build(counts, placed, host)
         room = [c - t for c, t in zip(caps, layout.gpu_totals, strict=True)]
-        moved = _pack(host, placed, room, layer_ranges(counts))
+        moved = _pack(host, placed, room, layer_ranges(counts), [g.machine for g in gpus])
         if not moved:
             break
         gone = {id(g) for g in moved}
@@ -333,10 +382,16 @@ def lay_out(
 
 
 def _pack(
-    host: list[Group], placed: list[list[Group]], room: list[int], ranges: Sequence[range]
+    host: list[Group],
+    placed: list[list[Group]],
+    room: list[int],
+    ranges: Sequence[range],
+    machines: Sequence[str],
 ) -> list[Group]:
     """Move expert groups from `host` into `room` (per GPU), locality first; returns what
-    moved. Whole layers on their own GPU, then whole layers anywhere, then single tensors."""
+    moved. Whole layers on their own GPU, then whole layers on another GPU of the same
+    machine, then single tensors. A layer's experts never move to another machine than the
+    layer's (that would send its activations over the network and back)."""
     moved: list[Group] = []
 
     def put(i: int, groups: Sequence[Group]) -> None:
@@ -353,18 +408,25 @@ def _pack(
         size = sum(g.n_bytes for g in left[layer])
         if i is not None and size <= room[i]:
             put(i, left.pop(layer))
-    for layer in sorted(left):  # 2. whole layers on any GPU
+
+    def near(layer: int) -> list[int]:
+        """The devices on the layer's machine (this machine's for units no device holds)."""
+        home = machines[owner[layer]] if layer in owner else ""
+        return [j for j in range(len(room)) if machines[j] == home]
+
+    for layer in sorted(left):  # 2. whole layers on another GPU of the same machine
         size = sum(g.n_bytes for g in left[layer])
-        i = max(range(len(room)), key=lambda j: room[j])
-        if size <= room[i]:
+        i = max(near(layer), key=lambda j: room[j], default=None)
+        if i is not None and size <= room[i]:
             put(i, left.pop(layer))
     order = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}  # gate+up pair first
     singles = sorted(
         (g for gs in left.values() for g in gs), key=lambda g: (g.layer, order.get(g.base, 3))
     )
-    for i in range(len(room)):  # 3. single tensors: this GPU's own layers, then any
+    for i in range(len(room)):  # 3. single tensors: this GPU's own layers, then its machine's
         mine = [g for g in singles if owner.get(g.layer) == i]
-        for g in mine + [g for g in singles if owner.get(g.layer) != i]:
+        others = [g for g in singles if owner.get(g.layer) != i and i in near(g.layer)]
+        for g in mine + others:
             if g.n_bytes <= room[i]:
                 put(i, [g])
                 singles.remove(g)
@@ -456,10 +518,17 @@ def server_command(
         "-ctv",
         shape.kv_type,
     ]
+    counts = list(layout.counts)
+    if gpus and gpus[0].backend == "cpu":  # this CPU leads: its layers are the ones not offloaded
+        gpus, counts = gpus[1:], counts[1:]
+    remote = [g for g in gpus if g.remote]
+    if remote:
+        args += ["--rpc", ",".join(dict.fromkeys(g.description for g in remote))]
+        args += ["-dev", ",".join(_server_device_names(gpus))]
     if gpus:
-        args += ["-ngl", str(sum(layout.counts))]
+        args += ["-ngl", str(sum(counts))]
         if len(gpus) > 1:
-            args += ["-sm", "layer", "-ts", ",".join(str(c) for c in layout.counts)]
+            args += ["-sm", "layer", "-ts", ",".join(str(c) for c in counts)]
     else:
         args += ["-ngl", "0"]
     if swa_full and info.metadata.get(f"{info.architecture}.attention.sliding_window"):
@@ -470,3 +539,17 @@ def server_command(
         # host experts in a plain (not repacked) buffer: what the memory model measured
         args += ["--no-repack", "--fit", "off", "-ot", ",".join(f"{p}={b}" for p, b in overrides)]
     return shlex.join(args)
+
+
+def _server_device_names(gpus: Sequence[DeviceBudget]) -> list[str]:
+    """llama-server's `-dev` names: RPC devices are numbered across servers in `--rpc` order
+    (RPC0, RPC1, ...), local GPUs keep their names."""
+    numbers: dict[str, int] = {}
+    names = []
+    for g in gpus:
+        if g.remote:
+            numbers.setdefault(g.name, len(numbers))
+            names.append(f"RPC{numbers[g.name]}")
+        else:
+            names.append(g.name)
+    return names

@@ -36,9 +36,11 @@ from app.engine.gguf_info import GGUFInfo
 from app.hardware.memory import (
     COMPUTE_CALIBRATION,
     ContextShape,
+    compute_bytes,
     is_dsv4,
     measure_dry_run,
 )
+from app.hardware.network import LinkTraffic, expert_homes, traffic
 from app.hardware.placement import (
     DeviceBudget,
     Group,
@@ -74,6 +76,7 @@ class DevicePlan:
     expert_layers_full: tuple[int, ...]
     expert_layers_partial: tuple[tuple[int, tuple[str, ...]], ...]
     compute_source: str
+    machine: str = ""  # "" for this machine, else the rpc-server's host
 
     @property
     def total(self) -> int:
@@ -113,6 +116,11 @@ class Plan:
     expert_layer_bytes: int
     warnings: tuple[str, ...] = ()
     calibrated_points: dict[str, str] = field(default_factory=dict)
+    # Remote devices (app/hardware/rpc.py): the rpc-servers to add, the devices llama.cpp
+    # offloads to in order (its `devices` list; empty: its default), and each link's traffic.
+    rpc_servers: tuple[str, ...] = ()
+    device_order: tuple[str, ...] = ()
+    links: tuple[LinkTraffic, ...] = ()
 
     @property
     def expert_layers_on_gpu(self) -> float:
@@ -151,10 +159,13 @@ def _assemble(
     shape = layout.shape
     swa_full = shape.swa_full_for(info)
     per_layer = {la: len(gs) for la, gs in pieces.groups.items()}
+    lead = bool(gpus) and gpus[0].backend == "cpu"  # this CPU holds the first layers
     devices = []
     for i, gpu in enumerate(gpus):
         r = layer_ranges(layout.counts)[i]
         full, partial = _experts_by_device(layout.gpu_groups[i], per_layer)
+        if lead and i == 0:
+            continue  # merged into the CPU row below
         devices.append(
             DevicePlan(
                 name=gpu.name,
@@ -166,25 +177,41 @@ def _assemble(
                 expert_layers_full=full,
                 expert_layers_partial=partial,
                 compute_source=layout.sources[i],
+                machine=gpu.machine,
             )
         )
-    full, partial = _experts_by_device(layout.host_groups, per_layer)
+    host = list(layout.host_groups) + (list(layout.gpu_groups[0]) if lead else [])
+    full, partial = _experts_by_device(host, per_layer)
+    cpu_layers = None if gpus else (0, pieces.n_units - 1)
+    if lead and layout.counts[0]:
+        cpu_layers = (0, layout.counts[0] - 1)
     devices.append(
         DevicePlan(
             name="CPU",
-            weights=layout.ram_weights,
-            kv=layout.ram_kv,
-            compute=layout.ram_compute,
-            budget=layout.ram_capacity,
-            layers=None if gpus else (0, pieces.n_units - 1),
+            weights=layout.ram_weights + (layout.weights[0] if lead else 0),
+            kv=layout.ram_kv + (layout.kv[0] if lead else 0),
+            compute=layout.ram_compute + (layout.compute[0] if lead else 0),
+            budget=layout.ram_capacity + (layout.capacity[0] if lead else 0),
+            layers=cpu_layers,
             expert_layers_full=full,
             expert_layers_partial=partial,
             compute_source=layout.ram_source,
         )
     )
-    overrides = override_rules(gpus, layout.gpu_groups, layout.host_groups) if gpus else []
+    offload = gpus[1:] if lead else gpus
+    counts = layout.counts[1:] if lead else layout.counts
+    if lead:
+        overrides = override_rules(offload, layout.gpu_groups[1:], host) if offload else []
+    else:
+        overrides = override_rules(gpus, layout.gpu_groups, layout.host_groups) if gpus else []
     sources = {d.compute_source for d in devices}
     warnings = list(notes)
+    remote = [g for g in gpus if g.remote]
+    links: list[LinkTraffic] = []
+    if remote:
+        homes = expert_homes(gpus, layout.gpu_groups, layout.host_groups)
+        links, away = traffic(info, gpus, layout.counts, homes, shape.n_ubatch)
+        warnings += _network_words(away, gpus, layout.counts, pieces.n_units)
     if "uncalibrated" in sources:
         warnings.append(
             "The compute buffers of this model or backend were never measured: they are a "
@@ -216,8 +243,8 @@ def _assemble(
         margin=margin,
         devices=tuple(devices),
         overrides=tuple(overrides),
-        tensor_split=tuple(float(c) for c in layout.counts) if len(gpus) > 1 else (),
-        n_gpu_layers=sum(layout.counts) if gpus else 0,
+        tensor_split=tuple(float(c) for c in counts) if len(offload) > 1 else (),
+        n_gpu_layers=sum(counts) if offload else 0,
         command=server_command(info, layout, gpus, overrides, swa_full, kv_offload),
         fits=layout.fits,
         minimum=None,
@@ -226,7 +253,47 @@ def _assemble(
         expert_layer_bytes=layer_bytes,
         warnings=tuple(warnings),
         calibrated_points={s: COMPUTE_CALIBRATION[s] for s in sorted(sources)},
+        rpc_servers=tuple(dict.fromkeys(g.description for g in remote)),
+        device_order=tuple(g.name for g in offload) if remote else (),
+        links=tuple(links),
     )
+
+
+def _network_words(
+    away: Sequence[int], gpus: Sequence[DeviceBudget], counts: Sequence[int], n_units: int
+) -> list[str]:
+    """The plan's network choices in words: which layers each machine holds, and any layer
+    whose experts memory forced onto another machine than the layer."""
+    words = []
+    ranges = layer_ranges(counts)
+    for gpu, r in zip(gpus, ranges, strict=True):
+        if gpu.remote and len(r):
+            last = "the output" if r.stop - 1 >= n_units - 1 else str(r.stop - 1)
+            words.append(
+                f"{gpu.name} holds layers {r.start} to {last} with their KV "
+                "cache: one contiguous range, so each token crosses its link once each way."
+            )
+    if away:
+        shown = ", ".join(str(u) for u in away[:8]) + (" ..." if len(away) > 8 else "")
+        words.append(
+            f"Memory forced the experts of {len(away)} layer(s) ({shown}) onto another machine "
+            "than their layer: each such layer sends its activations over the network and back "
+            "once more per token."
+        )
+    return words
+
+
+def ordered_devices(devices: Sequence[DeviceBudget], ram_bytes: int) -> list[DeviceBudget]:
+    """The devices in the order llama.cpp offloads to them: remote ones first, then this
+    machine's GPUs, so the output layer (and the logits) end on this machine where it has a
+    GPU, as llama.cpp's own default order does. With remote devices and no GPU here, this
+    machine's CPU leads the split (the first layers; llama.cpp keeps layers below
+    n_gpu_layers there), budgeted with the RAM."""
+    remote = [d for d in devices if d.remote]
+    local = [d for d in devices if not d.remote]
+    if remote and not local:
+        return [DeviceBudget("CPU", ram_bytes, backend="cpu", description="this machine"), *remote]
+    return remote + local
 
 
 def _choose(layouts: dict[int, Layout], profile: str) -> Layout:
@@ -280,6 +347,7 @@ def plan(
         raise ValueError("the margin is a fraction of each budget, from 0 to below 1")
     if not info.block_count:
         raise ValueError(f"{info.path.name} has no block count: not a model llama.cpp splits")
+    devices = ordered_devices(devices, ram_bytes)
     layout, notes = _best(
         info, devices, ram_bytes, n_ctx, n_ubatch, kv_type, profile, margin, n_seq_max,
         flash_attn, swa_full, kv_offload,
@@ -360,9 +428,13 @@ def _best(
         shape = ContextShape(
             n_ctx, ub, kv_type, n_seq_max, swa_full=swa_full, flash_attn=flash_attn
         )
-        layouts[ub] = lay_out(
-            info, tensor_pieces(info, shape), shape, devices, caps, ram_cap, kv_offload
-        )
+        pieces = tensor_pieces(info, shape)
+        caps_ub, ram_ub = list(caps), ram_cap
+        if devices and devices[0].backend == "cpu":  # RAM is shared by the CPU's layers
+            host_share = pieces.input_bytes + compute_bytes(info, shape, "host_all")[0]
+            host_share += (info.vocab_size or 0) * 4 * n_seq_max
+            caps_ub[0], ram_ub = ram_cap - host_share, host_share
+        layouts[ub] = lay_out(info, pieces, shape, devices, caps_ub, ram_ub, kv_offload)
     chosen = _choose(layouts, profile)
     notes = []
     ub = chosen.shape.n_ubatch
@@ -483,6 +555,8 @@ def load_options(p: Plan) -> dict[str, object]:
         "kv_type": p.kv_type,
         "swa_full": p.swa_full,
         "kv_offload": p.kv_offload,
+        "rpc_servers": p.rpc_servers,
+        "devices": p.device_order,
     }
 
 

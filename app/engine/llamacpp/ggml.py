@@ -82,6 +82,20 @@ ggml_backend_reg_by_name = _bind("ggml_backend_reg_by_name", [ctypes.c_char_p], 
 # GGML_API void ggml_backend_load_all_from_path(const char * dir_path);
 ggml_backend_load_all_from_path = _bind("ggml_backend_load_all_from_path", [ctypes.c_char_p], None)
 
+# GGML_API size_t ggml_backend_reg_dev_count(ggml_backend_reg_t reg);
+ggml_backend_reg_dev_count = _bind(
+    "ggml_backend_reg_dev_count", [ggml_backend_reg_t], ctypes.c_size_t
+)
+
+# GGML_API ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index);
+ggml_backend_reg_dev_get = _bind(
+    "ggml_backend_reg_dev_get", [ggml_backend_reg_t, ctypes.c_size_t], ggml_backend_dev_t
+)
+
+# typedef ggml_backend_reg_t (*ggml_backend_rpc_add_server_t)(const char * endpoint);
+# (the RPC backend's proc address "ggml_backend_rpc_add_server", ggml-rpc.h)
+ggml_backend_rpc_add_server_t = ctypes.CFUNCTYPE(ggml_backend_reg_t, ctypes.c_char_p)
+
 # -- devices (libggml-base) -----------------------------------------------------------------
 
 # GGML_API const char * ggml_backend_dev_name(ggml_backend_dev_t device);
