@@ -40,6 +40,8 @@ class Conversation:
     draft: str
     model: str | None
     imported_at: float | None = None  # set when the conversation came from an export file
+    served_at: float | None = None  # set when the API server beside the window served it
+    served_to: str | None = None  # the API client that asked (its user agent), when known
 
 
 @dataclass(frozen=True)

@@ -147,12 +147,21 @@ CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming';
     + _MESSAGES_FTS_TRIGGERS
 )
 
+# Conversations the API server beside the window served (app/conversations/served.py): when
+# the first reply was kept, and the client that asked (its user agent; NULL when it sent none).
+_V6_SERVED = """
+ALTER TABLE conversations ADD COLUMN served_at REAL;
+ALTER TABLE conversations ADD COLUMN served_to TEXT;
+CREATE INDEX conversations_served ON conversations(served_at) WHERE served_at IS NOT NULL;
+"""
+
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _V1_TABLES),
     (2, _V2_SEARCH),
     (3, _V3_WRITERS),
     (4, _V4_ATTACHMENTS),
     (5, _V5_TOOLS),
+    (6, _V6_SERVED),
 )
 LATEST = MIGRATIONS[-1][0]
 

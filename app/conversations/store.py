@@ -158,7 +158,7 @@ class ConversationStore:
         )
         self._execute(
             f"INSERT INTO conversations ({rows.CONVERSATION_COLUMNS}) "
-            "VALUES (?, ?, ?, ?, 0, NULL, ?, ?, NULL, '', ?, NULL)",
+            "VALUES (?, ?, ?, ?, 0, NULL, ?, ?, NULL, '', ?, NULL, NULL, NULL)",
             (
                 conversation.id,
                 title,
@@ -214,6 +214,29 @@ class ConversationStore:
 
     def mark_imported(self, conversation_id: str) -> None:
         self._set(conversation_id, "imported_at", time.time())
+
+    def mark_served(self, conversation_id: str, client: str | None) -> None:
+        """An API conversation: served now by the server beside the window, to `client`."""
+        with self._transaction():
+            full_id = self._resolve(conversation_id)
+            self._conn.execute(
+                "UPDATE conversations SET served_at = ?, served_to = ? WHERE id = ?",
+                (time.time(), client, full_id),
+            )
+
+    def served_roots(self, system_prompt: str | None, role: Role, content: str) -> list[Message]:
+        """First messages of the API conversations (not deleted) with this system prompt
+        that open with this message, the most recently updated conversation first: where a
+        served turn may continue a branch (served.py)."""
+        found = self._execute(
+            f"SELECT {rows.MESSAGE_COLUMNS} FROM messages m"
+            " JOIN conversations c ON c.id = m.conversation_id"
+            " WHERE m.parent_id IS NULL AND c.served_at IS NOT NULL AND c.deleted_at IS NULL"
+            " AND c.system_prompt IS ? AND m.role = ? AND m.content = ?"
+            " ORDER BY c.updated_at DESC, m.seq DESC",
+            (system_prompt, role, content),
+        ).fetchall()
+        return [rows.message_of(row) for row in found]
 
     def set_pinned(self, conversation_id: str, pinned: bool) -> None:
         self._set(conversation_id, "pinned", int(pinned))

@@ -131,9 +131,10 @@ def test_v5_rebuilds_a_v4_file_and_every_row_survives(v4: Path) -> None:
 
     conn = connect(v4, busy_timeout=3.0)  # what every open does: check, WAL, migrate
     try:
-        assert schema.version(conn) == schema.LATEST == 5
+        assert schema.version(conn) == schema.LATEST >= 5
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        assert _rows(conn, "conversations", "*") == conversations
+        width = len(conversations[0])  # later versions add columns after these
+        assert [row[:width] for row in _rows(conn, "conversations", "*")] == conversations
         assert _rows(conn, "messages", V4_COLUMNS) == messages
         assert _rows(conn, "messages", "tool_calls, tool_call_id, tool_name") == [
             (None, None, None)
