@@ -5,8 +5,10 @@ Precedence, lowest first:
 
 1. `LoadOptions`' defaults;
 2. the app's Settings (engine when it is a local choice, context, threads, GPU layers,
-   resident conversations, snapshot budgets, speculative decoding and its draft model);
-3. the model's saved load settings (the hardware wizard's plan, its engine included);
+   resident conversations, snapshot budgets, speculative decoding and its draft model, what
+   to do when an rpc-server goes away);
+3. the model's saved load settings (the hardware wizard's plan, its engine, rpc-servers and
+   device order included);
 4. the command's flags (--ctx, --engine).
 
 A server runs the chat instead when the flags ask for one (--engine remote, --remote-url), or
@@ -68,6 +70,7 @@ def resolve_load_options(
         "kv_ram_budget": int(settings.snapshot_ram_gib * (1 << 30)),
         "speculation": settings.speculation,
         "draft_model": settings.draft_model,
+        "rpc_on_drop": settings.rpc_on_drop,
     }
     with contextlib.suppress(OSError, ModelLoadError):  # no plan for a missing file
         planned = load_settings.load(model) or {}

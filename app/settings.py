@@ -22,6 +22,7 @@ from app import paths
 from app.engine.choice import CHOICES
 from app.engine.drafting import SPECULATION_MODES
 from app.engine.remote import MODES
+from app.engine.rpc_devices import DROP_CHOICES
 
 DEFAULT_N_CTX = 8192
 MAX_RESIDENT = 256  # llama.cpp's limit on sequences in one context (LLAMA_MAX_SEQ)
@@ -49,6 +50,11 @@ class Settings:
     remote_mode: str = "auto"
     remote_tokenizer: str | None = None
     remote_timeout_s: float = 300.0
+    # Settings > Hardware: llama.cpp rpc-servers on other machines the planner may split a
+    # model over (HOST:PORT[=SIZE][@LINK], comma-separated: app/hardware/rpc.py), and what the
+    # engine does when one goes away mid-reply: "reload" without it, or "wait" for it.
+    rpc_servers: str = ""
+    rpc_on_drop: str = "reload"
     # Settings > API Server: serve the OpenAI-compatible API (app/server) when the app starts.
     serve_on_start: bool = False
     serve_port: int = 8484
@@ -148,6 +154,8 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "remote_mode": _one_of(MODES),
     "remote_tokenizer": _text_or_none,
     "remote_timeout_s": _number(0, above=True),
+    "rpc_servers": lambda v: isinstance(v, str),
+    "rpc_on_drop": _one_of(DROP_CHOICES),
     "serve_on_start": lambda v: isinstance(v, bool),
     "serve_port": _integer(1, 65535),
 }
@@ -167,6 +175,8 @@ _EXPECTED = {
     "remote_mode": "one of " + ", ".join(MODES),
     "remote_tokenizer": "a path or null",
     "remote_timeout_s": "a number of seconds above 0",
+    "rpc_servers": "HOST:PORT[=SIZE][@LINK] items, comma-separated",
+    "rpc_on_drop": "one of " + ", ".join(DROP_CHOICES),
     "serve_on_start": "true or false",
     "serve_port": "a port from 1 to 65535",
 }

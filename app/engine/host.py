@@ -12,6 +12,12 @@ settings (engine/safe_mode.py), records that for this model and machine so later
 that way at once, tells its notice listeners in one line, and sends the decode that was in
 flight again, so the turn completes. A second crash is reported as any other.
 
+An engine split over llama.cpp rpc-servers dies when one of them goes away (ggml-rpc aborts
+its process on a lost server). The host then asks each server whether it still answers and
+says which one went, in words; the reply so far is kept by its caller, as after any crash; and
+the model loads again without that server (`rpc_devices.without`: this machine takes its
+layers) or, with `rpc_on_drop` "wait", once every server answers again.
+
 Crashes that come too fast (more than MAX_RESTARTS in RESTART_WINDOW_S) are a loop: the host
 waits out each of `backoff_s` in turn and tries again with conservative settings, and only when
 those are spent does it give up (state FAILED), so a server's supervisor can restart it.
@@ -35,7 +41,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from app.engine import safe_mode
+from app.engine import rpc_devices, safe_mode
 from app.engine.choice import choose_engine
 from app.engine.protocol import (
     EngineError,
@@ -61,6 +67,7 @@ _CRASH_SIGNALS = frozenset(
     int(s) for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT)
 )
 SHUTDOWN_S = 60.0  # a clean exit writes snapshots of resident conversations first
+SERVER_POLL_S = 2.0  # how often a host waiting for a lost rpc-server asks again
 
 
 class EngineCrashedError(EngineError):
@@ -396,7 +403,8 @@ class EngineClient:
         except subprocess.TimeoutExpired:
             process.kill()
             exitcode = process.wait()
-        self._to_loop(self._on_child_died, process, exitcode)
+        lost = rpc_devices.lost_servers(self.options) if not self._closing else []
+        self._to_loop(self._on_child_died, process, exitcode, lost)
 
     def _to_loop(self, callback: Callable[..., None], *args: object) -> bool:
         """Hand a callback to the event loop; False once the loop has closed (app exit)."""
@@ -442,7 +450,9 @@ class EngineClient:
         elif not pending.future.done():
             pending.future.set_exception(error)
 
-    def _on_child_died(self, process: subprocess.Popen, exitcode: int | None) -> None:
+    def _on_child_died(
+        self, process: subprocess.Popen, exitcode: int | None, lost: Sequence[str] = ()
+    ) -> None:
         if process is not self._process:
             return  # an old child we already replaced
         self._process = None
@@ -452,6 +462,9 @@ class EngineClient:
         if self._closing:
             return
         reason = _describe_exit(exitcode)
+        if lost:
+            self._server_lost(lost, reason)
+            return
         if self._retry_safely(exitcode, reason):
             return
         crash = EngineCrashedError(f"The engine stopped unexpectedly ({reason}). Restarting it.")
@@ -486,6 +499,51 @@ class EngineClient:
         if self._ready is None or self._ready.done():
             self._ready = self._loop.create_future()
         self._spawn()
+
+    def _server_lost(self, lost: Sequence[str], reason: str) -> None:
+        """An rpc-server went away: say which, then load without it, or wait for it."""
+        what = (
+            f"The rpc-server at {', '.join(lost)} stopped answering, so the engine stopped "
+            f"({reason}): the server ended, or the network to it dropped. The reply so far is "
+            "kept."
+        )
+        if self.options.rpc_on_drop == "wait":
+            then = "Stoke waits for it to come back, then loads the model as planned."
+        else:
+            self.options = rpc_devices.without(self.options, lost)
+            then = "Stoke is loading the model again without it; its layers run on this machine."
+        crash = EngineCrashedError(f"{what} {then}")
+        for pending in self._pending.values():
+            if pending.generation is not None:
+                pending.generation.queue.put_nowait(crash)
+            elif not pending.future.done():
+                pending.future.set_exception(crash)
+        self._pending.clear()
+        self._notice(f"{what} {then}")
+        self._set_state(EngineState.CRASHED, str(crash))
+        if self._ready is None or self._ready.done():
+            self._ready = self._loop.create_future()
+        if self.options.rpc_on_drop == "wait":
+            self._retry = self._loop.call_later(SERVER_POLL_S, self._poll_servers)
+        else:
+            self._spawn()
+
+    def _poll_servers(self) -> None:
+        """Waiting for lost rpc-servers: start the engine once every one answers again."""
+        self._retry = None
+        if self._closing or self._process is not None:
+            return
+        asked = self._loop.run_in_executor(None, rpc_devices.lost_servers, self.options, 1.0)
+
+        def answered(future: asyncio.Future) -> None:
+            if self._closing or self._process is not None:
+                return
+            if future.result():
+                self._retry = self._loop.call_later(SERVER_POLL_S, self._poll_servers)
+            else:
+                self._spawn()
+
+        asked.add_done_callback(answered)
 
     def _back_off(self, crashes: int, reason: str) -> None:
         """A crash loop: wait the next back-off, then start again, conservatively."""

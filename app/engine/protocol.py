@@ -85,6 +85,12 @@ class LoadOptions:
     kv_type: str = "f16"
     swa_full: bool | None = None
     kv_offload: bool = True
+    # Remote devices (llama.cpp rpc-servers, engine/llamacpp/rpc.py): the servers to connect,
+    # the devices to offload to in order (empty: llama.cpp's default list), and what the host
+    # does when a server goes away: "reload" the model without it, or "wait" until it is back.
+    rpc_servers: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    rpc_on_drop: str = "reload"
     # llama.cpp's extra CPU buffer types (weights repacked for faster matmuls): "auto" (this
     # machine's probed verdict, engine/llamacpp/cpu_buffers.py), "all", "no-amx" or "none".
     cpu_buffers: str = "auto"

@@ -162,12 +162,12 @@ class Decoder:
             drafts = self._propose(odds, history, max(k, 1))
             if drafts and k > 0:
                 try:
-                    out = self._speculate(slot, odds, drafts[:k])
+                    out, ended = self._speculate(slot, odds, drafts[:k])
                 except ContextOverflowError:  # no cells for the batch: decode plainly
                     self._odds = []
                     break
-                if out:  # else its first row was a near tie: decode the pending token alone
-                    return self._until_end(slot, out)
+                if out or ended:  # else its first row was a near tie: decode it alone
+                    return out, ended
                 break
             if drafts:
                 guesses.append((odds, drafts[0]))
@@ -204,22 +204,26 @@ class Decoder:
         self._pending = None if fed else token
         return [token], False
 
-    def _speculate(self, slot: Slot, odds: _Odds, drafts: list[int]) -> list[int]:
-        """One verify: the kept drafts and the target's own next token (left pending)."""
+    def _speculate(self, slot: Slot, odds: _Odds, drafts: list[int]) -> tuple[list[int], bool]:
+        """One verify: the tokens handed out (the last one left pending) and whether an
+        end-of-turn token came after them."""
         started = time.perf_counter()
+        eog = self.engine._eog
+        ends = [i for i, t in enumerate(drafts) if t in eog]
+        drafts = drafts[: ends[0] + 1] if ends else drafts  # nothing after an end is kept
         out: list[int] = []
         if self._pending is None:  # the logits after the slot are ready: judge the first draft
             token = self._judge(self.engine._logits(slot), drafts[0])
             self.counts.drafted += 1
             if token != drafts[0]:
                 odds.observe(0, True)
-                self._pending = token
-                return [token]
+                return self._hand_out(slot, [token], 0)
             self.counts.accepted += 1
-            out, self._pending, drafts = [token], token, drafts[1:]
+            out, drafts = [token], drafts[1:]
             if not drafts:
                 odds.observe(1, False)
-                return out
+                return self._hand_out(slot, out, 0)
+            self._pending = token
         batch = [self._pending, *drafts]
         rows = self.engine._verify(slot, batch)
         kept, token = 0, None
@@ -230,16 +234,32 @@ class Decoder:
             if i == len(drafts) or token != drafts[i]:
                 break
             kept, token = kept + 1, None
-        held = kept + (token is not None)  # of the batch, what the KV keeps
-        if held < len(batch):
-            self.engine._clear(slot, len(slot.tokens) - (len(batch) - held))
         self.pace.observe(len(batch), time.perf_counter() - started)
         self.counts.drafted += len(drafts)
         self.counts.accepted += kept
         odds.observe(kept + len(out), kept < len(drafts))
         odds.wait, odds.backoff = 0, BACKOFF_START
-        self._pending = token if token is not None else batch[kept]
-        return [*out, *drafts[:kept], *([token] if token is not None else [])]
+        handed = [*out, *drafts[:kept], *([token] if token is not None else [])]
+        held = kept + (token is not None)  # of the batch, what the KV keeps
+        if not handed:  # the first row was a near tie: its token stays pending
+            self.engine._clear(slot, len(slot.tokens) - len(batch))
+            return [], False
+        return self._hand_out(slot, handed, len(batch) - held)
+
+    def _hand_out(self, slot: Slot, tokens: list[int], refused: int) -> tuple[list[int], bool]:
+        """Hand out `tokens` (all but the last already evaluated, then `refused` drafts at the
+        KV's end), cut at the first end-of-turn token: one cut of the KV for both, since a
+        hybrid memory can be cut only once within its last forward (a second cut would start
+        it over)."""
+        ends = [i for i, t in enumerate(tokens) if t in self.engine._eog]
+        if ends:  # the end token and what followed it leave the KV, as they were never drawn
+            cut = refused + len(tokens) - 1 - ends[0]
+            tokens, self._pending = tokens[: ends[0]], None
+        else:
+            cut, self._pending = refused, tokens[-1]
+        if cut:
+            self.engine._clear(slot, len(slot.tokens) - cut)
+        return tokens, bool(ends)
 
     def _trusted(self, logits: np.ndarray) -> bool:
         """Whether a verify row's greedy verdict is the one plain decoding would reach: a
@@ -264,15 +284,3 @@ class Decoder:
             return draw(p, self._rng)
         replaced = accept(p, draft, self._rng)
         return draft if replaced is None else replaced
-
-    def _until_end(self, slot: Slot, tokens: list[int]) -> tuple[list[int], bool]:
-        """Cut at the first end-of-turn token, and drop it and what followed from the KV
-        (every token but the pending last one is already evaluated)."""
-        for i, token in enumerate(tokens):
-            if token in self.engine._eog:
-                evaluated = len(tokens) - 1 - i  # of the end token and those after it
-                if evaluated:
-                    self.engine._clear(slot, len(slot.tokens) - evaluated)
-                self._pending = None
-                return tokens[:i], True
-        return tokens, False

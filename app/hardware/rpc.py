@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from app.engine.llamacpp.rpc import device_name, split_endpoint, unreachable
+from app.engine.rpc_devices import device_name, split_endpoint, unreachable
 from app.hardware.placement import DeviceBudget, Link
 
 PROBE_TIMEOUT_S = 20.0

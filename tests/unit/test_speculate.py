@@ -105,6 +105,7 @@ class _FixedPace(Pace):
 @dataclass(kw_only=True)
 class _FakeSlot(Slot):
     logits: bool = False
+    rollback: int = 0  # HybridMarkovEngine's: tokens of the last forward it can still cut
 
 
 class _Draw:
@@ -230,6 +231,39 @@ def test_a_near_tie_in_a_verify_row_would_change_the_reply(monkeypatch):
         MarkovEngine("lookup", GREEDY_TABLE, 0.7), REPEATING, SamplingParams.greedy(), 40
     )
     assert got != want
+
+
+class HybridMarkovEngine(MarkovEngine):
+    """Cuts as a hybrid memory does (llama.cpp's n_rs_seq, MLX's checkpoints): only within
+    its last forward and once; any other cut starts the sequence over."""
+
+    def _forward(self, slot: _FakeSlot, chunk: list[int], *, want_logits: bool) -> None:
+        super()._forward(slot, chunk, want_logits=want_logits)
+        slot.rollback = len(chunk)
+
+    def _trim(self, slot: _FakeSlot, keep: int) -> int:
+        reachable = len(slot.tokens) - keep <= slot.rollback
+        slot.rollback = 0
+        return super()._trim(slot, keep if reachable else 0)
+
+
+ENDING_CHAIN = {0: 1, 1: 2, 2: 4, 4: 5, 5: EOG, EOG: 2}  # each token's clear successor
+ENDING_TABLE = np.array(
+    [[6.0 if ENDING_CHAIN.get(a) == b else 0.0 for b in range(6)] for a in range(6)]
+)
+
+
+def test_an_end_of_turn_mid_draft_cuts_a_hybrid_memory_once():
+    """The prompt repeats '0 1 2 4 5 end', so lookup drafts the end token and what followed
+    it; the target keeps the drafts up to the end token and refuses the one after it (it
+    would say 2). The refused draft and the end token leave the KV in one cut (a second would
+    start the hybrid sequence over), so the KV holds the prompt and the reply."""
+    prompt = [0, 1, 2, 4, 5, EOG] * 2 + [0]
+    spec = HybridMarkovEngine("lookup", ENDING_TABLE)
+    got, stats = reply(spec, prompt, SamplingParams.greedy(), 20)
+    assert got == [1, 2, 4, 5]
+    assert stats.drafted_tokens > 0 and spec.verified
+    assert spec.resident_tokens("s") == prompt + got
 
 
 def test_sampled_speculation_keeps_the_target_distribution():

@@ -28,7 +28,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from app.engine.constraint import Constraint, tokenizer_from_vocab
-from app.engine.llamacpp import cpu_buffers
+from app.engine.llamacpp import cpu_buffers, rpc
 from app.engine.llamacpp.handles import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 from app.engine.llamacpp.mtp import LlamaMtpHead, hidden_rows, nextn_api
 from app.engine.llamacpp.overrides import apply_overrides
@@ -298,9 +298,17 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         mparams.load_mtp = mtp  # where the GGUF has one
         if options.overrides:
             mparams.use_extra_bufts = False  # host experts in a plain buffer, as planned
-        keepalive = apply_overrides(
-            mparams, options.overrides, tensor_split=options.tensor_split or None
-        )
+        remote = rpc.connect(options.rpc_servers)  # raises ModelLoadError in words
+        try:
+            keepalive = apply_overrides(
+                mparams,
+                options.overrides,
+                tensor_split=options.tensor_split or None,
+                devices=options.devices,
+                remote=remote,
+            )
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
         with ExitStack() as stack:  # a failure on the way frees what was made so far
             stack.callback(self._close_runtime)
             model = stack.enter_context(_load_model(path, mparams))

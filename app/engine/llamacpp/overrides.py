@@ -5,6 +5,10 @@ has no argument for it, so a plan's override list becomes a NULL-terminated C ar
 `llama_model_tensor_buft_override` here, with buffer types from ggml's device registry
 (`ggml.py`). llama.cpp reads the array, and the pattern strings in it, while it loads the
 model: the objects returned as the keepalive must outlive `llama_model_load_from_file`.
+
+With remote devices (`rpc.py`) the plan also names the devices to offload to, in order: a
+NULL-terminated `llama_model_params.devices` array (which replaces llama.cpp's default list),
+and the RPC devices' buffer types join the local ones for the overrides.
 """
 
 from __future__ import annotations
@@ -33,25 +37,49 @@ class Keepalive:
     overrides: ctypes.Array | None
     patterns: list[bytes]
     tensor_split: ctypes.Array | None
+    devices: ctypes.Array | None = None
 
 
-def buffer_types() -> dict[str, int]:
+def local_devices() -> dict[str, int]:
+    """Each device of ggml's registry here ("CUDA0", "CPU", ...) to its handle."""
+    if ggml.ggml_backend_dev_count is None or ggml.ggml_backend_dev_get is None:
+        return {}
+    ggml.load_backends()
+    handles = {}
+    for index in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(index)
+        if dev:
+            handles[ggml.ggml_backend_dev_name(dev).decode("utf-8", "replace")] = dev
+    return handles
+
+
+def device_array(names: Sequence[str], extra: dict[str, int]) -> ctypes.Array | None:
+    """`llama_model_params.devices` for `names` in order (local names, or the remote devices
+    in `extra`: name -> handle); None for llama.cpp's default list."""
+    if not names:
+        return None
+    handles = {**local_devices(), **extra}
+    missing = [n for n in names if n not in handles]
+    if missing:
+        raise ValueError(
+            f"The plan offloads to {', '.join(missing)}, which this process does not have "
+            f"(devices: {', '.join(handles) or 'none'}). Plan again for these machines."
+        )
+    array = (ctypes.c_void_p * (len(names) + 1))(*(handles[n] for n in names))
+    array[len(names)] = None
+    return array
+
+
+def buffer_types(extra: dict[str, int] | None = None) -> dict[str, int]:
     """Each ggml device's name ("CUDA0", "CPU", ...) to its default buffer type.
 
     `-ot X=CPU` in llama.cpp names the CPU device's buffer type, which is what llama.cpp
     compares against to pick the CPU's extra (repacking) buffer types, so "CPU" maps to it.
     """
-    if ggml.ggml_backend_dev_count is None or ggml.ggml_backend_dev_get is None:
-        return {}
     if ggml.ggml_backend_dev_buffer_type is None or ggml.ggml_backend_dev_name is None:
         return {}
-    ggml.load_backends()
     names: dict[str, int] = {}
-    for index in range(ggml.ggml_backend_dev_count()):
-        dev = ggml.ggml_backend_dev_get(index)
-        if not dev:
-            continue
-        name = ggml.ggml_backend_dev_name(dev).decode("utf-8", "replace")
+    for name, dev in {**local_devices(), **(extra or {})}.items():
         buft = ggml.ggml_backend_dev_buffer_type(dev)
         if buft:
             names[name] = buft
@@ -59,13 +87,13 @@ def buffer_types() -> dict[str, int]:
 
 
 def override_array(
-    overrides: Sequence[tuple[str, str]],
+    overrides: Sequence[tuple[str, str]], extra: dict[str, int] | None = None
 ) -> tuple[ctypes.Array | None, list[bytes]]:
     """The NULL-terminated C array for `overrides` ((regex, buffer type name) pairs, first
     match wins); None when there are none. Unknown device names raise ValueError."""
     if not overrides:
         return None, []
-    bufts = buffer_types()
+    bufts = buffer_types(extra)
     array = (llama_model_tensor_buft_override * (len(overrides) + 1))()
     patterns = []
     for i, (pattern, device) in enumerate(overrides):
@@ -89,11 +117,16 @@ def apply_overrides(
     overrides: Sequence[tuple[str, str]],
     *,
     tensor_split: Sequence[float] | None = None,
+    devices: Sequence[str] = (),
+    remote: dict[str, int] | None = None,
 ) -> Keepalive:
-    """Set `tensor_buft_overrides`, and with a tensor split the layer split mode and split,
+    """Set `tensor_buft_overrides`, with a tensor split the layer split mode and split, and
+    with `devices` the offload devices in order (`remote`: the RPC devices' handles by name),
     on `mparams`. Keep the returned object referenced until the model has loaded."""
-    array, patterns = override_array(overrides)
+    array, patterns = override_array(overrides, remote)
     mparams.tensor_buft_overrides = ctypes.addressof(array) if array is not None else None
+    listed = device_array(devices, remote or {})
+    mparams.devices = ctypes.addressof(listed) if listed is not None else None
     split = None
     if tensor_split:
         n_max = llama_cpp.llama_max_devices()
@@ -102,4 +135,4 @@ def apply_overrides(
         split = (ctypes.c_float * n_max)(*tensor_split)
         mparams.tensor_split = split
         mparams.split_mode = llama_cpp.LLAMA_SPLIT_MODE_LAYER
-    return Keepalive(array, patterns, split)
+    return Keepalive(array, patterns, split, listed)

@@ -6,7 +6,7 @@ asks how many devices the server has and returns a backend registry holding them
 answers `ggml_backend_dev_memory` with one round trip. It has no error path: a server that
 cannot be reached, or that dies while a graph runs, ends the whole process in `GGML_ABORT`
 ("Remote RPC server crashed or returned malformed response"). So this module first asks the
-operating system whether anything listens (`unreachable`), and the callers keep every
+operating system whether anything listens (`rpc_devices.unreachable`), and the callers keep every
 connection in a process that may die: the engine worker (its host turns the death into
 words) or the probe child of `app/hardware/rpc.py`.
 
@@ -17,14 +17,13 @@ whatever order the servers are added in, and what llama-server's `-ot` accepts.
 from __future__ import annotations
 
 import ctypes
-import socket
 import statistics
 import time
 from dataclasses import dataclass
 
 from app.engine.llamacpp import ggml
-
-CONNECT_TIMEOUT_S = 3.0
+from app.engine.protocol import ModelLoadError
+from app.engine.rpc_devices import device_name, unreachable
 
 
 @dataclass(frozen=True)
@@ -37,38 +36,6 @@ class RpcDevice:
     handle: int  # ggml_backend_dev_t
     memory_free: int
     memory_total: int
-
-
-def device_name(endpoint: str, index: int) -> str:
-    return f"RPC{index}[{endpoint}]"
-
-
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    """`host:port` -> (host, port); ValueError in words when it is not one."""
-    host, sep, port = endpoint.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{endpoint!r} is not HOST:PORT (an rpc-server's address, e.g. mac:50052)")
-    return host.strip("[]"), int(port)
-
-
-def unreachable(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
-    """None when something listens at `endpoint`, else why not, in words. A bare TCP connect,
-    closed at once: an rpc-server drops such a client and accepts the next."""
-    try:
-        host, port = split_endpoint(endpoint)
-    except ValueError as exc:
-        return str(exc)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except socket.gaierror:
-        return f"no machine is called {host!r} (the name does not resolve)"
-    except ConnectionRefusedError:
-        return f"nothing listens at {endpoint} (is rpc-server running there?)"
-    except TimeoutError:
-        return f"{endpoint} did not answer within {timeout:g} s"
-    except OSError as exc:
-        return f"{endpoint} cannot be reached ({exc.strerror or exc})"
 
 
 _servers: dict[str, list[RpcDevice]] = {}
@@ -123,3 +90,18 @@ def round_trip_s(device: RpcDevice, n: int = 9) -> float:
         _memory(device.handle)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def connect(endpoints: tuple[str, ...]) -> dict[str, int]:
+    """Every device of these rpc-servers, by name, for a model load; ModelLoadError in words
+    when one cannot be reached (checked first: ggml-rpc would end the process)."""
+    devices: dict[str, int] = {}
+    for endpoint in endpoints:
+        problem = unreachable(endpoint)
+        if problem:
+            raise ModelLoadError(f"The rpc-server at {endpoint} cannot be used: {problem}.")
+        try:
+            devices.update((d.name, d.handle) for d in add_server(endpoint))
+        except RuntimeError as exc:
+            raise ModelLoadError(str(exc)) from None
+    return devices
