@@ -292,10 +292,12 @@ def _print_stats(result: TurnResult) -> None:
         print(note)
         return
     dropped = f" · left out {result.dropped_turns} old messages" if result.dropped_turns else ""
+    kept = stats.acceptance  # None: nothing drafted (speculation off, or never worth a guess)
+    drafts = f" · drafts {kept:.0%} accepted" if kept is not None else ""
     print(
         f"{note}\n  ttft {stats.ttft_s:.2f} s · reused {stats.reused_tokens:,} of "
         f"{stats.prompt_tokens:,} prompt tokens · prefilled {stats.prefilled_tokens:,} · "
-        f"{stats.decode_tok_s:.0f} tok/s{dropped}",
+        f"{stats.decode_tok_s:.1f} tok/s{drafts}{dropped}",
         file=sys.stderr,
     )
 

@@ -59,6 +59,7 @@ from app.ui.header import Header
 from app.ui.keyboard import EmptyDraftPassesNavigation, refocus
 from app.ui.menus import build_menus
 from app.ui.message_view import MessageView
+from app.ui.message_widget import drafts_words
 from app.ui.model_picker import ModelSwitcher
 from app.ui.models import ModelsDialog
 from app.ui.notify import ReplyNotifier
@@ -66,6 +67,7 @@ from app.ui.panels import Panels, scrolling
 from app.ui.remote_settings import RemoteSettingsDialog
 from app.ui.settings_panel import ConversationSettings
 from app.ui.sidebar import Sidebar
+from app.ui.speculation_dialog import SpeculationDialog
 from app.ui.zoom import Zoom
 
 log = logging.getLogger("stoke.ui")
@@ -82,15 +84,17 @@ STATE_LABELS = {
 
 
 def stats_line(stats: dict | None) -> str:
-    """The status line of a turn: speed, and how much of the prompt came from the cache."""
+    """The status line of a turn: speed, the share of speculative drafts kept (when it
+    drafted), and how much of the prompt came from the cache."""
     if not stats:
         return ""
     # Nothing prefilled (a continued reply, a warm prompt) has no speed worth a "0 tok/s".
     prefill = f"prefill {stats['prefill_tok_s']:,.0f} tok/s · " if stats["prefill_tok_s"] else ""
+    drafts = f"{words} · " if (words := drafts_words(stats)) else ""
     return (
         f"TTFT {stats['ttft_s']:.2f} s · {prefill}"
-        f"decode {stats['decode_tok_s']:,.0f} tok/s · reused {stats['reused_tokens']:,} of "
-        f"{stats['prompt_tokens']:,} prompt tokens"
+        f"decode {stats['decode_tok_s']:,.1f} tok/s · {drafts}reused {stats['reused_tokens']:,} "
+        f"of {stats['prompt_tokens']:,} prompt tokens"
     )
 
 
@@ -514,6 +518,18 @@ class MainWindow(QMainWindow):
         dialog = RemoteSettingsDialog(self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self.model_switcher.reload("Remote server saved", None))
+        dialog.open()
+        return dialog
+
+    def open_speculation_settings(self) -> SpeculationDialog:
+        """Settings > Speculative Decoding: the method and the draft model; saving reloads
+        the loaded model with them."""
+        path = self.model_switcher.loaded
+        dialog = SpeculationDialog(path, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(
+            lambda: self.model_switcher.reload("Speculative decoding saved", path)
+        )
         dialog.open()
         return dialog
 

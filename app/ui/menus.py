@@ -80,6 +80,12 @@ def build_menus(window: MainWindow) -> None:
     settings_menu = bar.addMenu("&Settings")
     action(settings_menu, "Hardware…", window.open_hardware_wizard, name="hardware")
     action(settings_menu, "Remote Server…", window.open_remote_settings, name="remote")
+    action(
+        settings_menu,
+        "Speculative Decoding…",
+        window.open_speculation_settings,
+        name="speculation",
+    )
     action(settings_menu, "API Server…", window.open_api_server_settings, name="api-server")
     themes = view.addMenu("Theme")
     for name in theme.THEMES:

@@ -43,6 +43,15 @@ def progress_text(done: int, total: int) -> str:
     return f"Reading the prompt… {done:,} / {total:,} tokens"
 
 
+def drafts_words(stats: dict) -> str:
+    """Speculative decoding's share of drafted tokens the model kept ("drafts 71% accepted"),
+    or nothing when the reply drafted nothing (speculation off, or never worth a guess)."""
+    drafted = stats.get("drafted_tokens") or 0
+    if not drafted:
+        return ""
+    return f"drafts {(stats.get('accepted_tokens') or 0) / drafted:.0%} accepted"
+
+
 def stats_summary(stats: dict | None) -> str:
     """One line a person can read: TTFT, prefill and decode speed, how much was reused."""
     if not stats:
@@ -54,6 +63,8 @@ def stats_summary(stats: dict | None) -> str:
         parts.append(f"prefill {stats['prefill_tok_s']:,.0f} tok/s")
     if stats.get("decode_tok_s"):
         parts.append(f"decode {stats['decode_tok_s']:,.0f} tok/s")
+    if drafts := drafts_words(stats):
+        parts.append(drafts)
     if stats.get("prompt_tokens") and stats.get("reused_tokens") is not None:
         parts.append(f"reused {stats['reused_tokens']:,} of {stats['prompt_tokens']:,}")
     if stats.get("generated_tokens"):

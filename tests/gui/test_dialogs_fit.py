@@ -1,6 +1,7 @@
 """Every dialog opens no larger than the screen's available geometry (a 960 x 600 laptop
-here), with its buttons on screen: Hardware, Models, Welcome, API Server, Remote Server and
-Import, the first two of which opened at about 1100 x 900 and 1120 x 725."""
+here), with its buttons on screen: Hardware, Models, Welcome, API Server, Remote Server,
+Speculative Decoding and Import, the first two of which opened at about 1100 x 900 and
+1120 x 725."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from app.ui import fit
 from app.ui.hardware import HardwareWizard
 from app.ui.models import ImportDialog
 from app.ui.remote_settings import RemoteSettingsDialog
+from app.ui.speculation_dialog import SpeculationDialog
 from app.ui.welcome import Welcome
 from tests.gui.harness import Harness
 from tests.gui.test_hardware_wizard import machine
@@ -61,8 +63,14 @@ def test_the_hardware_wizard_fits_and_its_cards_scroll(qtbot) -> None:
     assert wizard.findChild(QScrollArea).verticalScrollBar().maximum() > 0  # the rest scrolls
 
 
-def test_welcome_and_import_and_remote_settings_fit(qtbot) -> None:
-    for dialog in (Welcome(str(default_model_path())), ImportDialog(), RemoteSettingsDialog()):
+def test_welcome_import_remote_and_speculation_settings_fit(qtbot) -> None:
+    model = str(default_model_path())
+    for dialog in (
+        Welcome(model),
+        ImportDialog(),
+        RemoteSettingsDialog(),
+        SpeculationDialog(model),
+    ):
         qtbot.addWidget(dialog)
         assert_fits(dialog)
 
