@@ -31,7 +31,7 @@ from app.models.default import default_model_path
 from app.models.names import model_name
 from app.ui import theme
 from app.ui.hardware import CONTEXT_STOPS, PLAN_DEBOUNCE_MS, HardwareWizard
-from app.units import decimal_bytes
+from app.units import decimal_bytes, gib
 
 READ_TIMEOUT_MS = 120_000  # the first read of the 150 GB replica's header takes seconds
 PLAN_TIMEOUT_MS = 20_000
@@ -249,6 +249,27 @@ def test_the_default_model_without_gpus_plans_everything_on_the_cpu(
     assert wizard.facts["size"].text().endswith(" MB")
     assert CONTEXT_STOPS[0] <= wizard.context() <= 8192 == wizard._stops[-1]
     assert wizard.apply_button.isEnabled()
+
+
+def test_conversations_kept_loaded_say_their_kv_memory_multiplies(
+    open_wizard: Callable[..., HardwareWizard], qtbot: QtBot
+) -> None:
+    """Each resident conversation has a KV stream of the whole context (kv_unified off): the
+    note beside the spin and the plan's details say how many times one's KV that is."""
+    wizard = open_wizard(default_model_path(), machine(0, 0, 64))
+    wizard.resident_spin.setValue(1)
+    one = settle(qtbot, wizard)
+    assert wizard.resident_note.text() == "one KV cache of the whole context"
+    assert "1 conversation kept loaded ·" in wizard.details_label.text()
+    wizard.resident_spin.setValue(4)
+    assert wizard.resident_note.text().endswith("4x the KV memory of one")
+    qtbot.waitUntil(lambda: wizard.idle() and wizard.plan.n_seq_max == 4, timeout=PLAN_TIMEOUT_MS)
+    four = wizard.plan
+    assert kv_total(four) == 4 * kv_total(one)  # what the words claim, from the planner
+    assert (
+        f"4 conversations kept loaded, each with its own KV cache (4x the KV memory: "
+        f"{gib(kv_total(four))}, {gib(kv_total(one))} each)" in wizard.details_label.text()
+    )
 
 
 def test_the_model_card_uses_the_display_name_and_decimal_file_units(

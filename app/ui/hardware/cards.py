@@ -34,7 +34,7 @@ from app.settings import Settings
 from app.ui.a11y import described
 from app.ui.hardware.chart import PlanChart
 from app.ui.hardware.planning import CONTEXT_STOPS, DEFAULT_CONTEXT, MAX_RESIDENT, UBATCHES
-from app.ui.hardware.words import ENGINE_TEXT, KV_TEXT, PROFILE_TEXT
+from app.ui.hardware.words import ENGINE_TEXT, KV_TEXT, PROFILE_TEXT, resident_words
 from app.ui.theme import STATUS
 
 
@@ -327,7 +327,8 @@ class WizardCards:
             self.resident_spin,
             "Conversations kept loaded",
             "How many conversations stay in memory at once, so switching between them costs "
-            "nothing; each may add its own KV cache",
+            "nothing; each keeps its own KV cache of the whole context, so the KV memory "
+            "grows with their number",
         )
         self.resident_spin.setRange(1, MAX_RESIDENT)
         self.resident_spin.setValue(
@@ -335,7 +336,17 @@ class WizardCards:
         )
         self.resident_spin.setFixedWidth(80)
         self.resident_spin.setAlignment(Qt.AlignmentFlag.AlignRight)
-        form.addRow("Conversations", self.resident_spin)
+        self.resident_note = selectable_label("", card, role="muted")
+        self.resident_note.setAccessibleName("KV memory of the conversations kept loaded")
+        self.resident_note.setWordWrap(True)
+        self.resident_spin.valueChanged.connect(
+            lambda n: self.resident_note.setText(resident_words(n))
+        )
+        self.resident_note.setText(resident_words(self.resident_spin.value()))
+        resident_row = QHBoxLayout()
+        resident_row.addWidget(self.resident_spin)
+        resident_row.addWidget(self.resident_note, 1)
+        form.addRow("Conversations", resident_row)
 
         self.kv_ram_check = QCheckBox("Keep the KV cache in system RAM", card)
         described(

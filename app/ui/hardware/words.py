@@ -91,10 +91,24 @@ def summary(p: Plan) -> str:
     return f"All {p.n_layer} layers on the GPUs."
 
 
+def resident_words(n: int) -> str:
+    """What keeping `n` conversations loaded costs: each has a KV cache of the whole context
+    (a stream of its own, llama.cpp's kv_unified off), so the KV memory is n times one's."""
+    if n == 1:
+        return "one KV cache of the whole context"
+    return f"each its own KV cache of the whole context: {n}x the KV memory of one"
+
+
 def details(p: Plan) -> str:
     has_gpus = len(p.devices) > 1
     where = "on the GPUs" if has_gpus and p.kv_offload else "in RAM"
     seqs = f"{p.n_seq_max} conversation{'s' if p.n_seq_max != 1 else ''} kept loaded"
+    if p.n_seq_max > 1:  # the planner counts a KV stream each: say what that comes to
+        kv = sum(d.kv for d in p.devices)
+        seqs += (
+            f", each with its own KV cache ({p.n_seq_max}x the KV memory: {gib(kv)}, "
+            f"{gib(kv // p.n_seq_max)} each)"
+        )
     return (
         f"Micro-batch {p.n_ubatch} · KV cache {p.kv_type} {where} · {seqs} · "
         f"{p.margin:.0%} of each budget kept free"
