@@ -115,6 +115,7 @@ class _Reply:
     generated_tokens: int | None = None
     pieces: int = 0  # streamed text pieces: about one token each
     finish: FinishReason = FinishReason.LENGTH
+    ended: bool = False  # the server said the reply is over (a finish reason, `stop`)
     calls: dict[int, list[str]] = field(default_factory=dict)  # chat: index -> [name, args]
 
 
@@ -338,14 +339,24 @@ class RemoteEngine:
         try:
             for pairs in pieces():
                 for token, text in pairs:
-                    if token in eog:
-                        continue  # servers may send the stop token back; replies end before it
+                    # servers may send the stop token back; replies end before it. A prefill
+                    # keeps nothing: llama-server samples one token even at `n_predict: 0`,
+                    # and never evaluates it into its cache.
+                    if token in eog or max_tokens == 0:
+                        continue
                     last_at = time.perf_counter()
                     first_at = first_at or last_at
                     reply.tokens.append(token)
                     yield TokenEvent(token, text)
         except RemoteCancelled:
             reply.finish = FinishReason.CANCELLED
+        if not reply.ended and reply.finish != FinishReason.CANCELLED:
+            self._sent.pop(slot, None)  # what the server holds now is anyone's guess
+            raise RemoteError(
+                f"The server at {self.http.url} closed the stream before the reply ended "
+                f"({len(reply.tokens)} tokens in): it may have stopped or crashed. What "
+                "arrived is kept; send again once the server is back."
+            )
         if max_tokens == 0 and reply.finish != FinishReason.CANCELLED:
             reply.finish = FinishReason.PREFILLED
         self._sent[slot] = [*tokens, *reply.tokens]
@@ -439,6 +450,7 @@ class RemoteEngine:
         choice = choices[0]
         if choice.get("finish_reason"):
             reply.finish = _finish(choice["finish_reason"])
+            reply.ended = True
         if self.mode == WireMode.CHAT:
             delta = choice.get("delta") or {}
             text = delta.get("content") or ""
@@ -467,6 +479,7 @@ class RemoteEngine:
         self, event: dict, reply: _Reply, decoder: codecs.IncrementalDecoder
     ) -> list[tuple[int, str]]:
         if event.get("stop"):
+            reply.ended = True
             stop_type = event.get("stop_type")
             reply.finish = FinishReason.LENGTH if stop_type == "limit" else FinishReason.STOP
             timings = event.get("timings") or {}

@@ -459,13 +459,34 @@ def test_prefill_is_a_zero_token_request(server) -> None:
     script.routes[("GET", "/props")] = llama_server_props()
     script.routes[("POST", "/tokenize")] = Route(body={"tokens": []})
     script.routes[("POST", "/completion")] = Route(
-        events=[{"content": "", "stop": True, "timings": {"cache_n": 10, "prompt_n": 5}}]
+        events=[  # llama-server samples (and sends) one token even at n_predict 0
+            {"content": "Hi", "tokens": [72], "stop": False},
+            {"content": "", "stop": True, "timings": {"cache_n": 10, "prompt_n": 5}},
+        ]
     )
     engine = load(url)
     stats = engine.prefill([1] * 15)
     assert stats.finish_reason == FinishReason.PREFILLED
     assert (stats.reused_tokens, stats.prefilled_tokens, stats.generated_tokens) == (10, 5, 0)
     assert script.requests[-1][2]["n_predict"] == 0
+    assert engine.resident_tokens("default") == [1] * 15  # the sampled token is not cached
+
+
+def test_a_stream_cut_before_the_reply_ends_is_an_error_in_words(server) -> None:
+    url, script = server
+    script.routes[("GET", "/v1/models")] = MODELS
+    script.routes[("GET", "/props")] = llama_server_props()
+    script.routes[("POST", "/tokenize")] = Route(body={"tokens": []})
+    script.routes[("POST", "/completion")] = Route(
+        events=[{"content": "O", "tokens": [79], "stop": False}]  # then the server is gone
+    )
+    engine = load(url)
+    received = []
+    with pytest.raises(RemoteError, match="closed the stream before the reply ended"):
+        for event in engine.generate([5] * 4, SamplingParams.greedy(), 8):
+            received.append(event)
+    assert [e.token_id for e in received] == [79]
+    assert engine.resident_tokens("default") == []
 
 
 # -- errors in words --------------------------------------------------------------------------
