@@ -1,6 +1,7 @@
 """`stoke bench serve`: time to first token of stateless API clients, one conversation alone
 and two or four interleaved, against `stoke serve` and against llama-cpp-python's own
-OpenAI server with its prompt cache (`python -m llama_cpp.server --cache True`, the anchor).
+OpenAI server with its prompt cache (`python -m llama_cpp.server --cache True`, the anchor;
+its cache bounded so that it fits the machine: ANCHOR_CACHE_BYTES).
 
 Both servers run as real processes on loopback with the same model, context, batch and
 threads; both are driven by the official openai client, streaming, greedy. A client sends
@@ -25,9 +26,9 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bench import agent
 from app.bench.kv import machine, median
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     import openai
 
 API_KEY = "sk-bench"
+Trace = Callable[[int, int, float, float], None]  # conversation, turn, sent (unix s), TTFT
 SYSTEM = (
     "You are a terse assistant. Answer from the notes the user gives; when unsure, say so "
     "in one sentence."
@@ -66,6 +68,11 @@ TOPICS = (
     "train",
 )
 STARTUP_S = 300
+# llama-cpp-python's RAM cache counts a state by its llama.cpp bytes (the KV, ~20 MB here) but
+# also keeps the logits of every prompt token with it (n_batch x n_vocab floats, ~100 MB on
+# SmolLM2), so its default 2 GiB grew the anchor past 20 GB over a run and the kernel killed
+# it. 512 MiB counted (~3 GB held) keeps ~25 states: every conversation of a scenario hits.
+ANCHOR_CACHE_BYTES = 512 << 20
 SERVERS = ("stoke", "anchor")
 LOGS = {"stoke": "stoke-serve.log", "anchor": "anchor.log"}
 
@@ -115,13 +122,13 @@ def _process(command: list[str], log: Path, env: dict[str, str]) -> Iterator[sub
 
 
 @contextlib.contextmanager
-def stoke_server(model: str, n_ctx: int, home: Path) -> Iterator[str]:
-    """`stoke serve` as a child process; yields its base URL."""
+def stoke_server(model: str, n_ctx: int, home: Path, logs: Path | None = None) -> Iterator[str]:
+    """`stoke serve` as a child process (its log in `logs`, else `home`); yields its URL."""
     port = _free_port()
     env = {**os.environ, "STOKE_HOME": str(home / "stoke"), "STOKE_API_KEY": API_KEY}
     command = [sys.executable, "-m", "app", "serve", "--model", model, "--ctx", str(n_ctx)]
     command += ["--port", str(port)]
-    log = home / LOGS["stoke"]
+    log = (logs or home) / LOGS["stoke"]
     with _process(command, log, env) as process:
         url = f"http://127.0.0.1:{port}/v1"
         _wait_ready(url, process, log)
@@ -129,16 +136,17 @@ def stoke_server(model: str, n_ctx: int, home: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def anchor_server(model: str, n_ctx: int, home: Path) -> Iterator[str]:
+def anchor_server(model: str, n_ctx: int, home: Path, logs: Path | None = None) -> Iterator[str]:
     """llama_cpp.server with its RAM prompt cache, threads and CPU buffer types as Stoke's
     engine uses."""
     port = _free_port()
     threads = str(os.cpu_count() or 1)
     command = [sys.executable, "-m", "app.engine.llamacpp.peer_server", "--model", model]
     command += ["--n_ctx", str(n_ctx), "--n_batch", "512", "--cache", "True"]
+    command += ["--cache_size", str(ANCHOR_CACHE_BYTES)]
     command += ["--n_threads", threads, "--n_threads_batch", threads, "--verbose", "False"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--api_key", API_KEY]
-    log = home / LOGS["anchor"]
+    log = (logs or home) / LOGS["anchor"]
     with _process(command, log, dict(os.environ)) as process:
         url = f"http://127.0.0.1:{port}/v1"
         _wait_ready(url, process, log)
@@ -174,9 +182,12 @@ def _turn(
     return "".join(pieces), ttft, usage.prompt_tokens if usage else None, cached
 
 
-def replay(url: str, documents: list[str], turns: int, max_tokens: int) -> dict[str, list]:
+def replay(
+    url: str, documents: list[str], turns: int, max_tokens: int, trace: Trace | None = None
+) -> dict[str, list]:
     """Round-robin turns of fresh conversations, one per document: TTFT per turn (a list
-    over conversations) and the cached share of each follow-up's prompt."""
+    over conversations) and the cached share of each follow-up's prompt; each request also
+    to `trace` (conversation, turn, the time it was sent, its TTFT), where one is given."""
     import openai  # a dev dependency: only the benchmark needs the client
 
     client = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=600)
@@ -188,9 +199,12 @@ def replay(url: str, documents: list[str], turns: int, max_tokens: int) -> dict[
     ttfts: list[list[float]] = [[] for _ in range(turns)]
     ratios: list[float] = []
     for turn in range(turns):
-        for messages in chats:
+        for i, messages in enumerate(chats):
+            sent = time.time()
             reply, ttft, prompt, cached = _turn(client, model, messages, max_tokens)
             ttfts[turn].append(ttft)
+            if trace is not None:
+                trace(i, turn, sent, ttft)
             if turn and prompt and cached is not None:
                 ratios.append(cached / prompt)
             messages.append({"role": "assistant", "content": reply})
@@ -245,9 +259,14 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         contextlib.ExitStack() as stack,
     ):
         home = Path(tmp)
-        urls = {"stoke": stack.enter_context(stoke_server(model, args.ctx, home))}
+        logs = Path(args.logs) if args.logs else None
+        requests: TextIO | None = None
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+            requests = stack.enter_context((logs / "requests.jsonl").open("w", encoding="utf-8"))
+        urls = {"stoke": stack.enter_context(stoke_server(model, args.ctx, home, logs))}
         if "anchor" in servers:
-            urls["anchor"] = stack.enter_context(anchor_server(model, args.ctx, home))
+            urls["anchor"] = stack.enter_context(anchor_server(model, args.ctx, home, logs))
         for url in urls.values():
             warm_up(url)
         for rep in range(args.reps):
@@ -264,10 +283,13 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                             task = f"[{rep}] Fix the failing test in m{rep}."
                             run = agent.replay(urls[server], API_KEY, task, args.turns, 64)
                         else:
-                            run = replay(urls[server], documents, args.turns, args.max_tokens)
+                            trace = requests and _tracer(requests, server, rep, n)
+                            run = replay(
+                                urls[server], documents, args.turns, args.max_tokens, trace
+                            )
                         runs[server][n].append(run)
                     except openai.OpenAIError as exc:
-                        log = home / LOGS[server]
+                        log = (logs or home) / LOGS[server]
                         tail = log.read_text("utf-8", "replace")[-1500:] if log.exists() else ""
                         failures[server] = f"{type(exc).__name__}: {exc}\n{tail}"
                         print(f"{server} failed: {failures[server]}", file=sys.stderr)
@@ -287,11 +309,25 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "n_ctx": args.ctx,
             "reps": args.reps,
             "conversations": args.conversations,
+            "anchor_cache_bytes": ANCHOR_CACHE_BYTES,
         },
         "results": results,
         "failures": failures,
         "targets": targets(results),
     }
+
+
+def _tracer(out: TextIO, server: str, rep: int, n: int) -> Trace:
+    """A trace that writes each request as one JSON line, to line up with the servers' logs
+    (an outlier's time: in the engine's prefill, or waiting before it)."""
+
+    def write(conversation: int, turn: int, sent: float, ttft: float) -> None:
+        row = {"server": server, "rep": rep + 1, "conversations": n}
+        row.update(conversation=conversation, turn=turn + 1, sent=round(sent, 3))
+        out.write(json.dumps({**row, "ttft_s": round(ttft, 4)}) + "\n")
+        out.flush()
+
+    return write
 
 
 def targets(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -356,6 +392,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--conversations", type=int, nargs="+", default=[1, 2, 4], help="scenarios to run"
     )
     parser.add_argument("--no-anchor", action="store_true", help="skip llama_cpp.server")
+    parser.add_argument(
+        "--logs",
+        metavar="DIR",
+        help="keep both servers' logs there, with requests.jsonl: each request's send time "
+        "and TTFT (to explain an outlier)",
+    )
     parser.add_argument(
         "--agent",
         action="store_true",

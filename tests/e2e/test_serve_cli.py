@@ -82,7 +82,7 @@ def test_bench_serve_small(tmp_path: Path) -> None:
     report_path = tmp_path / "serve.json"
     command = [sys.executable, "-m", "app", "bench", "serve", "--turns", "2", "--facts", "2"]
     command += ["--max-tokens", "4", "--reps", "1", "--conversations", "1", "2"]
-    command += ["--ctx", "2048", "--json", str(report_path)]
+    command += ["--ctx", "2048", "--json", str(report_path), "--logs", str(tmp_path / "logs")]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
@@ -97,6 +97,14 @@ def test_bench_serve_small(tmp_path: Path) -> None:
             assert row["samples_per_turn"] == int(n)
     assert report["results"]["stoke"]["2"]["min_cached_ratio"] > 0.5
     assert "stoke_2_interleaved_within_2x" in report["targets"]
+    # --logs: both servers' logs kept, and every timed request traced with the TTFT reported
+    logs = tmp_path / "logs"
+    assert {"stoke-serve.log", "anchor.log", "requests.jsonl"} <= {p.name for p in logs.iterdir()}
+    traced = [json.loads(line) for line in (logs / "requests.jsonl").read_text().splitlines()]
+    assert len(traced) == 2 * (1 + 2) * 2  # servers x conversations x turns
+    for row in traced:
+        timed = report["results"][row["server"]][str(row["conversations"])]["ttft_all_s"]
+        assert round(row["ttft_s"], 4) in timed[row["turn"] - 1]
 
 
 def test_chat_template_flag(stoke_home: Path, tmp_path: Path) -> None:
