@@ -1,0 +1,77 @@
+"""Speculative decoding's counts reach every place a user or client reads stats, on the real
+engine and default model (speculation "auto": prompt lookup drafts a copied code block): the
+terminal chat's stats line and the one-shot `--json` (each equal to the stats stored with that
+reply), and the API's OpenAI usage (`completion_tokens_details`), streamed or not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.conversations import ConversationStore
+from tests.e2e.serving import ServerThread
+from tests.e2e.test_speculative import EDIT
+
+pytestmark = pytest.mark.e2e
+
+
+def _chat(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "app", "chat", "--temperature", "0", "--max-tokens", "120"]
+    done = subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=300, env=os.environ.copy()
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+def _last_reply_stats(conversation_id: str) -> dict:
+    with ConversationStore.open() as store:
+        reply = store.current_path(conversation_id)[-1]
+        assert reply.role == "assistant"
+        return reply.stats
+
+
+def test_the_terminal_line_and_the_json_carry_the_replys_drafts(stoke_home: Path) -> None:
+    terminal = _chat("--new", "--message", EDIT)
+    with ConversationStore.open() as store:
+        (conversation,) = store.list_conversations()
+    stats = _last_reply_stats(conversation.id)
+    assert stats["drafted_tokens"] > 0  # the reply copies the prompt's code
+    kept = stats["accepted_tokens"] / stats["drafted_tokens"]
+    assert f"{stats['decode_tok_s']:.1f} tok/s · drafts {kept:.0%} accepted" in terminal.stderr
+
+    one_shot = _chat("--conversation", conversation.id, "--message", EDIT, "--json")
+    output = json.loads(one_shot.stdout.strip().splitlines()[-1])
+    stored = _last_reply_stats(conversation.id)
+    assert output["stats"]["drafted_tokens"] == stored["drafted_tokens"] > 0
+    assert output["stats"]["accepted_tokens"] == stored["accepted_tokens"] >= 0
+
+
+def test_the_api_reports_the_drafts_as_prediction_tokens(stoke_home: Path) -> None:
+    with ServerThread() as server:
+        client = server.client()
+        messages = [{"role": "user", "content": EDIT}]
+        reply = client.chat.completions.create(
+            model=server.model, messages=messages, max_tokens=120, temperature=0
+        )
+        details = reply.usage.completion_tokens_details
+        kept, refused = details.accepted_prediction_tokens, details.rejected_prediction_tokens
+        assert kept >= 0 and refused >= 0 and kept + refused > 0
+        assert kept <= reply.usage.completion_tokens
+        chunks = list(
+            client.chat.completions.create(
+                model=server.model,
+                messages=[{"role": "user", "content": EDIT + "\nThanks."}],
+                max_tokens=120,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        streamed = chunks[-1].usage.completion_tokens_details
+        assert streamed.accepted_prediction_tokens + streamed.rejected_prediction_tokens > 0
