@@ -1,0 +1,75 @@
+"""llama.cpp's real `llama-server`, built by `make llama-tools` from the engine's own llama.cpp
+sources, serving the default model on loopback; a test can stop it and start it again on the
+same port (a server restarted mid-conversation)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from app.engine.llamacpp.tools import find_tools
+from app.models.default import default_model_path
+from tests.e2e.test_remote import free_port
+
+N_CTX = 4096
+
+
+def llama_server_binary() -> Path:
+    """The built llama-server, or a skip that says how to build it."""
+    found, reason = find_tools()
+    if found is None:
+        pytest.skip(reason)
+    return found.llama_server
+
+
+class LlamaServer:
+    """One llama-server process at a fixed port; `start` again after `stop` comes back at the
+    same URL with an empty cache."""
+
+    def __init__(self, binary: Path, log: Path) -> None:
+        self.binary = binary
+        self.log = log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        command = [
+            *(str(self.binary), "--model", str(default_model_path())),
+            *("--host", "127.0.0.1", "--port", str(self.port), "--ctx-size", str(N_CTX)),
+            *("--threads", "2", "--no-webui"),
+        ]
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        self._wait_healthy()
+
+    def stop(self) -> None:
+        """Kill it outright, as a crash or a reboot would."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+            self.process = None
+
+    def get(self, path: str) -> object:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return json.loads(response.read())
+
+    def _wait_healthy(self) -> None:
+        """Until /health answers 200 (503 while the model loads)."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"llama-server exited: {self.log.read_text()[-2000:]}")
+            try:
+                if self.get("/health").get("status") == "ok":
+                    return
+            except (OSError, urllib.error.HTTPError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"llama-server did not come up: {self.log.read_text()[-2000:]}")
