@@ -8,6 +8,8 @@ Loads run in subprocesses, so a runtime that crashes or hangs cannot take the re
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -16,7 +18,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,7 @@ print(json.dumps({
     "ok": True,
     "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
     "gpu_offload": ggml.gpu_offload_supported(),
+    "rpc": ggml.rpc_supported(),
     "devices": [asdict(d) for d in ggml.list_devices()],
     "buffer_types": cpu_buffers.machine_verdict().as_dict(),
 }))
@@ -289,8 +292,43 @@ def check_remote() -> dict[str, Any]:
     }
 
 
-def collect() -> dict[str, Any]:
-    """Everything the report shows, as plain JSON-serialisable data (`stoke doctor --json`)."""
+def check_rpc(extra: Sequence[str] = ()) -> dict[str, Any]:
+    """Each rpc-server Settings > Hardware, the model's saved plan or `--rpc` names: its
+    devices' memory and the round trip of a question, or why it does not answer."""
+    from app.engine.rpc_devices import device_name
+    from app.hardware.rpc import parse_specs, probe
+    from app.launch import load_options_of
+    from app.settings import Settings
+
+    named = [Settings.load().rpc_servers, *extra]
+    with contextlib.suppress(Exception):  # a model without a plan names none
+        named += load_options_of(argparse.Namespace()).rpc_servers
+    endpoints = list(dict.fromkeys(spec.endpoint for spec in parse_specs(named)))
+    servers = []
+    for endpoint in endpoints:
+        answer = probe(endpoint)
+        servers.append(
+            {
+                "endpoint": endpoint,
+                "ok": answer.problem is None,
+                "problem": answer.problem,
+                "rtt_ms": None if answer.rtt_s is None else round(answer.rtt_s * 1000, 3),
+                "devices": [
+                    {
+                        "name": device_name(endpoint, d.index),
+                        "memory_free": d.memory_free,
+                        "memory_total": d.memory_total,
+                    }
+                    for d in answer.devices
+                ],
+            }
+        )
+    return {"servers": servers}
+
+
+def collect(rpc: Sequence[str] = ()) -> dict[str, Any]:
+    """Everything the report shows, as plain JSON-serialisable data (`stoke doctor --json`);
+    `rpc` adds rpc-servers to check."""
     machine = platform.machine()
     return {
         "stoke": _version(("stoke",)),
@@ -315,6 +353,7 @@ def collect() -> dict[str, Any]:
             "mlx": check_mlx(),
             "remote": _guarded(check_remote),
         },
+        "rpc": _guarded(lambda: check_rpc(rpc)),
         "keyring": _guarded(_keyring),
     }
 
@@ -401,6 +440,34 @@ def _remote_line(check: dict[str, Any]) -> str:
     return f"{check['url']}: reachable in {check['answer_ms']:.0f} ms, serves {models}"
 
 
+def _rpc_rows(info: dict[str, Any], supported: bool | None) -> list[tuple[str, str]]:
+    if "error" in info:
+        return _error_rows(info)
+    rows = []
+    if supported is not None:
+        rows.append(
+            (
+                "RPC backend",
+                "yes"
+                if supported
+                else "no: this llama-cpp-python was built without GGML_RPC=ON "
+                "(python packaging/llama_build.py install rebuilds it)",
+            )
+        )
+    for server in info["servers"]:
+        if not server["ok"]:
+            rows.append((server["endpoint"], f"unreachable: {server['problem']}"))
+            continue
+        for d in server["devices"]:
+            memory = f"{gib(d['memory_free'], 1, unit=False)} / {gib(d['memory_total'], 1)} free"
+            rows.append(
+                (server["endpoint"], f"{d['name']}: {memory}, {server['rtt_ms']} ms round trip")
+            )
+    if not info["servers"]:
+        rows.append(("servers", "none (stoke plan --rpc HOST:PORT, or Settings > Hardware)"))
+    return rows
+
+
 def _keyring_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
     if "error" in info:
         return _error_rows(info)
@@ -434,5 +501,8 @@ def render(report: dict[str, Any]) -> str:
             *([("remote", _remote_line(engines["remote"]))] if "remote" in engines else []),
         ],
     )
+    if "rpc" in report:
+        supported = report["llama_cpp"].get("rpc")
+        lines += _section("RPC devices (llama.cpp rpc-server)", _rpc_rows(report["rpc"], supported))
     lines += _section("Keyring", _keyring_rows(report["keyring"]))
     return "\n".join(lines).rstrip()

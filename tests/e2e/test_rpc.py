@@ -263,3 +263,21 @@ def test_waiting_for_a_lost_server_loads_as_planned_when_it_is_back(
     assert "waits for it to come back" in crash
     assert options.rpc_servers == p.rpc_servers and options.devices == p.device_order
     assert after.status == "complete" and after.text
+
+
+def test_doctor_shows_each_server_or_why_not(servers):
+    """`stoke doctor --rpc`: each device's memory and round trip, or the reason in words."""
+    from app import doctor
+
+    closed = f"127.0.0.1:{_free_port()}"
+    up = servers[0].endpoint
+    report = doctor.check_rpc([f"{up},{closed}"])
+    by_endpoint = {s["endpoint"]: s for s in report["servers"]}
+    assert by_endpoint[up]["ok"] and by_endpoint[up]["rtt_ms"] > 0
+    (device,) = by_endpoint[up]["devices"]
+    assert device["name"] == f"RPC0[{up}]" and 0 < device["memory_free"] <= device["memory_total"]
+    rows = dict(doctor._rpc_rows(report, True))
+    assert rows["RPC backend"] == "yes"
+    assert rows[up].startswith(f"RPC0[{up}]: ") and "ms round trip" in rows[up]
+    words = f"unreachable: nothing listens at {closed} (is rpc-server running there?)"
+    assert rows[closed] == words

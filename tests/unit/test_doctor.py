@@ -64,8 +64,11 @@ def test_collect_reports_every_section(report: dict[str, Any], home: Path) -> No
         "default_model",
         "engine_choice",
         "engines",
+        "rpc",
         "keyring",
     }
+    assert report["rpc"] == {"servers": []}  # none in Settings, none planned
+    assert isinstance(report["llama_cpp"]["rpc"], bool)
     assert report["packages"]["llama-cpp-python"] == "0.3.36"
     assert set(report["paths"]) == {
         "data_dir",
