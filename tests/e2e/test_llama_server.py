@@ -7,8 +7,10 @@ What each test proves, with the server's own numbers (its `timings.cache_n`):
 - a prewarm (`n_predict: 0`) fills the cache, and the reply after it evaluates one token;
 - a cancel mid-stream stops the server's slot, keeps the tokens received, and the next
   request reuses the prefix;
-- a server killed mid-reply is reported in words, the partial reply is kept, and once the
-  server is back the conversation goes on, prefilling from nothing;
+- a server killed mid-reply is reported in words, the partial reply is kept, a turn sent
+  while it is down says nothing is listening, and once the server is back the conversation
+  goes on, prefilling from nothing;
+- a prompt over the server's context comes back as the overflow error with its numbers;
 - `stoke chat --remote-url` (the real CLI, in a subprocess) chats over it, its follow-up
   read from the cache.
 """
@@ -27,6 +29,7 @@ from app.engine.chat_template import ChatTemplate
 from app.engine.host import EngineClient
 from app.engine.protocol import (
     CancelToken,
+    ContextOverflowError,
     EngineError,
     FinishReason,
     GenerationStats,
@@ -180,6 +183,18 @@ def test_cancel_mid_stream_stops_the_server_and_keeps_the_prefix(
     assert after.reused_tokens >= len(prompt), after  # the prompt is still in its cache
 
 
+def test_a_prompt_over_the_servers_context_keeps_its_numbers(
+    llama_server: LlamaServer, model_path: str
+) -> None:
+    """The server's own refusal (a server restarted with a smaller context than Stoke was
+    told, say) becomes the overflow error the app words, with the server's numbers."""
+    engine = engine_on(llama_server, model_path)
+    prompt = prompt_of(engine, "word " * (N_CTX + 100))
+    with pytest.raises(ContextOverflowError) as overflow:
+        collect(engine.generate(prompt, SamplingParams.greedy(), 4))
+    assert (overflow.value.prompt_tokens, overflow.value.n_ctx) == (len(prompt), N_CTX)
+
+
 def wait_for_idle_slots(server: LlamaServer) -> None:
     """Until no slot of the server is processing (its /slots endpoint)."""
     deadline = time.monotonic() + 60
@@ -225,6 +240,8 @@ def test_a_server_killed_mid_reply_is_said_in_words_and_the_next_turn_prefills_a
             partial = path[-1]
             assert partial.role == "assistant" and partial.status == "interrupted"
             assert len(partial.token_ids) >= 2
+            with pytest.raises(EngineError, match="nothing is listening"):
+                await session.send(conversation.id, "Still there?")  # while it is down
             server.start()  # back, at the same address, with an empty cache
             again = await session.send(conversation.id, TURNS[1])
             assert again.status == "complete", again
