@@ -1,23 +1,31 @@
 """Issue 20: the MLX engine on an NVIDIA GPU (mlx-cuda) beside llama.cpp CUDA, same files.
 
 bench/device/mlx_gpu.sh runs this on the H200 machine after the e2e engine suite's core has
-run on the MLX backend there (its JUnit XML, --junit, is summarized into the results). In
-one process it
+run on the MLX backend there (its JUnit XML, --junit, is summarized into the results).
+
+Each engine runs in a process of its own (`--stage mlx`, `--stage llama.cpp`, started by this
+one with a time limit each): the CUDA builds of llama.cpp and MLX crashed when one process
+loaded both (llama.cpp's std::regex split of the vocabulary segfaulted once numpy and MLX were
+in; with llama.cpp first, the PyTorch that transformers pulled in crashed). The MLX stage never
+imports llama.cpp (its GGUF tokenizer is mlx/gguf_vocab.py) nor transformers (mlx/lm.py). The
+MLX stage
 
 1. checks that MLX computes on the GPU and keeps the default model quantized there (q_proj
    a 4-bit QuantizedLinear, the embedding a QuantizedEmbedding: models._fit_device expands
-   them only on a CPU);
-2. writes the DeepSeek V4 scaled GGUF (synthetic, random Q8_0 weights, gpt-2 pre-tokenizer,
-   which llama.cpp's CUDA build loads), checks that the indexer's dispatcher picks the CUDA
-   twin for its shape, runs an MLX engine turn on it counting the twin's scorer and selector
-   calls, and compares its greedy tokens with the reference indexer's (forced);
-3. times prefill and decode on each file with both engines (llama.cpp with every layer on the
+   them only on a CPU), timing the load and the first and second forward (the first compiles
+   MLX's CUDA kernels);
+2. on the DeepSeek V4 scaled GGUF (synthetic, random Q8_0 weights, gpt-2 pre-tokenizer, which
+   llama.cpp's CUDA build loads; written once by this process), checks that the indexer's
+   dispatcher picks the CUDA twin for its shape, runs an MLX engine turn counting the twin's
+   scorer and selector calls, and compares its greedy tokens with the reference indexer's;
+3. times prefill and decode on each file, as the llama.cpp stage does (every layer on the
    GPU): per repetition a fresh random prompt (cold prefill) then --decode tokens with the
    end-of-generation tokens banned, medians of --reps after one warm-up.
 
 Writes mlx-engine-h200.json and .md to --out (default $OUT, else ./out) after every stage; a
-stage that fails is recorded with its error and the rest still run. Without CUDA (a CPU smoke
-test, e.g. --quick here) the GPU checks are recorded as failed, the timings still run.
+stage that fails or runs out of time is recorded with its error and the rest still run.
+Without CUDA (a CPU smoke test, e.g. --quick here) the GPU checks are recorded as failed, the
+timings still run.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -38,8 +47,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from app.engine.protocol import Engine, GenerationStats, LoadOptions, SamplingParams, TokenEvent
 
@@ -82,9 +89,17 @@ def kept_quantized(model_path: str) -> dict[str, Any]:
 
     from app.engine.mlx.models import load_model
 
+    started = time.perf_counter()
     model = load_model(model_path).model
+    seconds = {"load": time.perf_counter() - started}
+    tokens = mx.array([list(range(100, 116))])
+    for name in ("first_forward", "second_forward"):  # the first compiles the kernels
+        started = time.perf_counter()
+        mx.eval(model(tokens))
+        seconds[name] = time.perf_counter() - started
     q_proj = model.model.layers[0].self_attn.q_proj
     found = {
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
         "default_device": str(mx.default_device()),
         "cuda_available": bool(mx.cuda.is_available()),
         "q_proj": type(q_proj).__name__,
@@ -116,11 +131,17 @@ def _options(backend: str, path: Path, n_ctx: int) -> LoadOptions:
     return LoadOptions(str(path), n_ctx=n_ctx, n_gpu_layers=layers, snapshots=False)
 
 
-def _no_end(path: Path) -> SamplingParams:
+def _no_end(backend: str, path: Path) -> SamplingParams:
     """Greedy with every end-of-generation token banned, so each run decodes in full."""
-    from app.engine.llamacpp.backend import load_vocab
+    if backend == "mlx":
+        from app.engine.mlx.models import gguf_vocab
 
-    bias = tuple((t, -1e9) for t in sorted(load_vocab(str(path)).eog_ids()))
+        eog = gguf_vocab(path).eog_ids()
+    else:
+        from app.engine.llamacpp.backend import load_vocab
+
+        eog = load_vocab(str(path)).eog_ids()
+    bias = tuple((t, -1e9) for t in sorted(eog))
     return dataclasses.replace(SamplingParams.greedy(), logit_bias=bias)
 
 
@@ -136,9 +157,11 @@ def _run(engine: Engine, prompt: list[int], sampling: SamplingParams, n: int) ->
 
 def rates(backend: str, path: Path, prompt_len: int, decode: int, reps: int) -> dict[str, Any]:
     """Prefill and decode tok/s, medians of `reps` after a warm-up, each a cold prompt."""
+    import numpy as np
+
     engine = _engine(backend)
     engine.load(_options(backend, path, prompt_len + decode + 64))
-    sampling = _no_end(path)
+    sampling = _no_end(backend, path)
     rng = np.random.default_rng(0)
     runs = []
     try:
@@ -188,6 +211,7 @@ def deepseek_twin(path: Path, prompt_len: int, decode: int) -> dict[str, Any]:
     """The scaled DeepSeek V4 on the MLX engine: the dispatcher's choice, the twin's calls,
     and its greedy tokens beside the reference indexer's."""
     import mlx.core as mx
+    import numpy as np
 
     from app.engine.mlx.gguf_deepseek_v4 import model_args
     from app.engine.mlx.kernels import IMPLEMENTATION_ENV, choose_implementation, cuda_indexer
@@ -225,6 +249,9 @@ def write(out: Path, results: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{RESULTS}.json").write_text(json.dumps(results, indent=1))
     lines = [f"# MLX engine on {results['gpu']}", "", results["software"], ""]
+    for backend, ran in results.get("stages", {}).items():
+        lines.append(f"- {backend} stage: {ran.get('ended', 'done')} in {ran.get('seconds')} s")
+    lines.append("")
     suite = results.get("e2e_mlx")
     if isinstance(suite, dict) and "tests" in suite:
         lines += [f"e2e engine suite on MLX: {suite['passed']}/{suite['total']} passed", ""]
@@ -250,15 +277,91 @@ def write(out: Path, results: dict[str, Any]) -> None:
     (out / f"{RESULTS}.md").write_text("\n".join(lines) + "\n")
 
 
-def stage(results: dict[str, Any], key: str, out: Path, fn: Callable[[], Any]) -> None:
-    """Runs one stage, recording its result or its error, and writes the files."""
+def stage(results: dict[str, Any], key: str, write_out: Callable, fn: Callable[[], Any]) -> None:
+    """Runs one stage, recording its result or its error, and writes what there is so far."""
     started = time.perf_counter()
     try:
         results[key] = fn()
     except Exception as exc:  # a failed stage is a result too; the others still run
         results[key] = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
     print(f"{key} ({time.perf_counter() - started:.1f} s): {json.dumps(results[key])[:400]}")
-    write(out, results)
+    write_out()
+
+
+FILES = (("SmolLM2-135M Q4_1", "default"), ("DeepSeek V4 scaled Q8_0", "dsv4"))
+ENGINES = ("mlx", "llama.cpp")
+
+
+def engine_stage(backend: str, opts: argparse.Namespace) -> None:
+    """One engine's part, in this process alone: its checks (MLX) and its rates, written to
+    --part as JSON after each step, so a stage stopped at its limit keeps what it measured.
+    llama.cpp's libraries load before anything else in its process: on the H200 image its CUDA
+    build segfaulted in the vocabulary's std::regex split when numpy had been imported first
+    (this module imports numpy only inside its functions for that reason)."""
+    if backend == "llama.cpp":
+        import llama_cpp  # noqa: F401
+
+    from app.models.default import default_model_path
+
+    files = {"default": Path(default_model_path()), "dsv4": opts.dsv4}
+    part: dict[str, Any] = {"rates": {}}
+
+    def save() -> None:
+        opts.part.write_text(json.dumps(part, indent=1))
+
+    def timed(label: str, key: str) -> None:
+        prompt = opts.prompt if key == "default" else min(opts.prompt, 2048)
+        run = lambda: rates(backend, files[key], prompt, opts.decode, opts.reps)  # noqa: E731
+        stage(part["rates"], label, save, run)
+
+    (default_label, _), (dsv4_label, _) = FILES
+    if backend == "mlx":
+        import mlx.core as mx
+
+        part["software"] = f"MLX {mx.__version__} ({mx.default_device()})"
+        print(f"mlx {mx.__version__}, default device {mx.default_device()}", flush=True)
+        stage(part, "quantized_on_gpu", save, lambda: kept_quantized(str(files["default"])))
+    timed(default_label, "default")
+    if backend == "mlx":
+        stage(part, "deepseek_v4_twin", save, lambda: deepseek_twin(opts.dsv4, 600, 16))
+    timed(dsv4_label, "dsv4")
+    # what this process loaded: the MLX stage must hold neither llama.cpp nor PyTorch
+    part["imported"] = [m for m in ("llama_cpp", "transformers", "torch") if m in sys.modules]
+    save()
+
+
+def run_stage(backend: str, opts: argparse.Namespace, scratch: Path, limit: float) -> dict:
+    """One engine's stage in a child process, within `limit` seconds; what it wrote."""
+    part = scratch / f"{backend}.json"
+    command = [sys.executable, "-m", "app.bench.mlx_gpu", "--stage", backend, "--part", str(part)]
+    command += ["--dsv4", str(opts.dsv4), "--reps", str(opts.reps)]
+    command += ["--prompt", str(opts.prompt), "--decode", str(opts.decode)]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, timeout=limit, check=False)
+        ending = None if done.returncode == 0 else f"exited with status {done.returncode}"
+    except subprocess.TimeoutExpired:
+        ending = f"stopped at its {limit:.0f} s limit"
+    got = json.loads(part.read_text()) if part.exists() else {}
+    if ending:
+        got["ended"] = ending
+    got["seconds"] = round(time.perf_counter() - started, 1)
+    print(f"stage {backend}: {ending or 'done'} in {got['seconds']} s", flush=True)
+    return got
+
+
+def merge(results: dict[str, Any], backend: str, got: dict[str, Any]) -> None:
+    """An engine stage's findings into the results: its checks, and its rates per file."""
+    keys = ("ended", "seconds", "imported")
+    results["stages"][backend] = {k: got[k] for k in keys if k in got}
+    if "software" in got and got["software"] not in results["software"]:
+        results["software"] = f"{got['software']}, {results['software']}"
+    for key in ("quantized_on_gpu", "deepseek_v4_twin"):
+        if key in got:
+            results[key] = got[key]
+    for label, _ in FILES:
+        rate = got.get("rates", {}).get(label, {"error": got.get("ended", "not run")})
+        results["rates"].setdefault(label, {})[backend] = rate
 
 
 def main() -> None:
@@ -269,42 +372,50 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=2048, help="prompt tokens per timing run")
     parser.add_argument("--decode", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="a small CPU smoke test")
+    parser.add_argument("--limits", default="300,150", help="seconds for the mlx, llama.cpp stages")
+    parser.add_argument(
+        "--stages",
+        default="mlx,llama.cpp",
+        help="engine stages to run now ('none': only --junit); results from an earlier run in "
+        "--out are kept, so the stages can run in separate calls on the same files",
+    )
+    parser.add_argument("--scratch", type=Path, help="where the DeepSeek V4 file is written once")
+    parser.add_argument("--stage", choices=ENGINES, help=argparse.SUPPRESS)
+    parser.add_argument("--part", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--dsv4", type=Path, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.quick:
         opts.reps, opts.prompt, opts.decode = 1, 64, 8
-
-    import mlx.core as mx
+    if opts.stage:
+        engine_stage(opts.stage, opts)
+        return
 
     from app.hardware.synthetic_gguf import write_deepseek4
-    from app.models.default import default_model_path
 
-    results: dict[str, Any] = {
-        "gpu": gpu_name(),
-        "software": f"MLX {mx.__version__} ({mx.default_device()}), Python "
-        f"{platform.python_version()}, median of {opts.reps} after a warm-up, "
-        f"{opts.prompt}-token prompts, {opts.decode} decoded tokens",
-    }
+    earlier = opts.out / f"{RESULTS}.json"
+    results: dict[str, Any] = json.loads(earlier.read_text()) if earlier.exists() else {}
+    results.setdefault("gpu", gpu_name())
+    results.setdefault(
+        "software",
+        f"Python {platform.python_version()}, median of {opts.reps} after a warm-up, "
+        f"{opts.prompt}-token prompts, {opts.decode} decoded tokens, each engine in a process "
+        "of its own",
+    )
+    results.setdefault("stages", {})
+    results.setdefault("rates", {})
     if opts.junit:
-        stage(results, "e2e_mlx", opts.out, lambda: junit_summary(opts.junit))
-    default = default_model_path()
-    stage(results, "quantized_on_gpu", opts.out, lambda: kept_quantized(str(default)))
-    scratch = Path(tempfile.mkdtemp(prefix="mlx-gpu-"))
-    dsv4 = write_deepseek4(scratch / "dsv4-scaled.gguf", mode="scaled", tokenizer_pre="gpt-2")
-    stage(results, "deepseek_v4_twin", opts.out, lambda: deepseek_twin(dsv4, 600, 16))
-    results["rates"] = {}
-    for label, path, prompt in (
-        ("SmolLM2-135M Q4_1", default, opts.prompt),
-        ("DeepSeek V4 scaled Q8_0", dsv4, min(opts.prompt, 2048)),
-    ):
-        results["rates"][label] = {}
-        for backend in ("mlx", "llama.cpp"):
-            try:
-                got = rates(backend, path, prompt, opts.decode, opts.reps)
-            except Exception as exc:  # recorded; the other engine still runs
-                got = {"error": f"{type(exc).__name__}: {exc}"}
-            results["rates"][label][backend] = got
-            print(f"{label} {backend}: {json.dumps(got)[:300]}")
-            write(opts.out, results)
+        summary = lambda: junit_summary(opts.junit)  # noqa: E731
+        stage(results, "e2e_mlx", lambda: write(opts.out, results), summary)
+    scratch = opts.scratch or Path(tempfile.mkdtemp(prefix="mlx-gpu-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    opts.dsv4 = scratch / "dsv4-scaled.gguf"
+    limits = dict(zip(ENGINES, (float(x) for x in opts.limits.split(",")), strict=True))
+    for backend in (b for b in ENGINES if b in opts.stages.split(",")):
+        if not opts.dsv4.exists():  # one file for both engines, also across calls
+            write_deepseek4(opts.dsv4, mode="scaled", tokenizer_pre="gpt-2")
+        merge(results, backend, run_stage(backend, opts, scratch, limits[backend]))
+        write(opts.out, results)
+    write(opts.out, results)
 
 
 if __name__ == "__main__":

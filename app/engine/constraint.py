@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import llama_cpp
 import llguidance
 import numpy as np
 
@@ -44,15 +43,11 @@ def tokenizer_from_pieces(
 
 
 def tokenizer_from_vocab(vocab: Any, eog: Sequence[int]) -> llguidance.LLTokenizer:
-    """For a GGUF's tokenizer through llama.cpp's vocab (both engines read GGUFs so)."""
-    special = [
-        t
-        for t in range(vocab.n_tokens)
-        if llama_cpp.llama_vocab_get_attr(vocab.ptr, t) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
-    ]
+    """For a GGUF's tokenizer: llama.cpp's vocab, or the MLX engine's rebuild of it
+    (mlx/gguf_vocab.py); both give each token's bytes and the control tokens."""
     return tokenizer_from_pieces(
         [vocab.token_bytes(t) for t in range(vocab.n_tokens)],
-        special,
+        vocab.control_ids(),
         sorted(eog),
         lambda text: vocab.tokenize(text, special=False),
     )

@@ -29,7 +29,8 @@ Every error is OpenAI's JSON error object in words, HTTP that does not parse inc
 carries Python's exception text or echoes the request's bytes.
 
 Beside it: http.py (connections and errors in words), replies.py (a reply cut at its stop
-sequences, its usage), schema.py (requests), prompts.py and replay.py (exact replies).
+sequences, its usage), schema.py (requests), prompts.py and replay.py (exact replies),
+served.py (each finished chat reply handed to the sink given, if any: the window keeps them).
 
 After each reply the conversation's KV is snapshotted in the background (as the window does
 after its replies), so a `kill -9` of the server loses no API conversation's KV.
@@ -86,9 +87,11 @@ from app.server.schema import (
     ChatRequest,
     CompletionRequest,
     GenerationParams,
+    Message,
     parse_chat,
     parse_completion,
 )
+from app.server.served import ReplySink, client_of, hand_over
 from app.server.slots import SlotMap
 from app.server.tool_replies import CallDelta, ToolStream, reply_calls
 from app.server.tool_templates import FAMILIES, ToolSyntax, syntax_for
@@ -148,6 +151,9 @@ class _Job:
     reasoning_opened: bool = False
     tools: Tools = field(default_factory=Tools)
     syntax: ToolSyntax = FAMILIES["hermes"]
+    messages: tuple[Message, ...] = ()  # a chat's, as the model reads them (tools added)
+    client: str | None = None  # who asked: the user agent
+    endpoint: str = ""
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -155,9 +161,12 @@ class _Job:
 class ApiServer:
     """The server: start() binds and serves on the running loop, stop() ends it."""
 
-    def __init__(self, engine: EngineClient, config: ServerConfig) -> None:
+    def __init__(
+        self, engine: EngineClient, config: ServerConfig, sink: ReplySink | None = None
+    ) -> None:
         self.engine = engine
         self.config = config
+        self.sink = sink  # told of each finished chat reply (served.py); None: nobody
         self.replies = ReplyStore()
         self.prompts = ChatPrompts(self.replies)
         self.responses = ResponsesApi(self)  # keeps the conversations it can continue
@@ -380,7 +389,7 @@ class ApiServer:
             raise ApiError(400, f"The model's chat template refused these messages: {exc}") from exc
         tokenizer = self.engine.local_tokenizer()
         params = chat.params if passthrough else constrained(chat, syntax, tokenizer)
-        return _Job("chat", params, prompt, opened, chat.tools, syntax), info
+        return _Job("chat", params, prompt, opened, chat.tools, syntax, tuple(messages)), info
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         completion = parse_completion(await self._body(request))
@@ -448,6 +457,7 @@ class ApiServer:
             )
         self.stats.requests += 1
         self.stats.in_flight += 1
+        job.client, job.endpoint = client_of(request.headers.get("User-Agent")), request.path
         slot = self.slots.acquire(job.prompt)
         held = list(job.prompt)  # what the slot holds when this request ends
         try:
@@ -652,9 +662,10 @@ class ApiServer:
     def _finish_reply(
         self, job: _Job, reply: Reply, streamed: tuple[str, list[ToolCall]] | None = None
     ) -> tuple[str, str, list[ToolCall]]:
-        """Count and log a finished reply and keep a chat reply's exact ids under the text
-        (or the tool calls) the client saw: `streamed` (content, calls) as a ToolStream sent
-        them, else as the whole reply parses; returns its (reasoning, content, calls)."""
+        """Count and log a finished reply, hand a chat reply to the sink, and keep its exact
+        ids under the text (or the tool calls) the client saw: `streamed` (content, calls)
+        as a ToolStream sent them, else as the whole reply parses; returns its (reasoning,
+        content, calls)."""
         self.stats.completed += 1
         stats = reply.stats
         if stats is not None:
@@ -671,6 +682,7 @@ class ApiServer:
             return "", reply.text, []
         reasoning, content = split_reasoning(reply.text, opened=job.reasoning_opened)
         content, calls = streamed or reply_calls(job.tools, job.syntax, content)
+        hand_over(self, job, reply, (reasoning, content, calls))  # before its ids are filed
         exact = reply.exact_tokens()
         if exact is not None and job.params.max_tokens != 0:
             self.replies.put(

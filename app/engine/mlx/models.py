@@ -11,15 +11,19 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from app.engine.mlx.gguf_vocab import GGUFVocab, read_vocab
 from app.engine.mlx.registry import FOLDER_MODULES, GGUF_BUILDERS
 from app.engine.mlx.tokenizer import GGUFTokenizer, HFTokenizer, MlxTokenizer
 from app.engine.model_file import check_gguf, fingerprint
 from app.engine.protocol import ModelLoadError
+
+if TYPE_CHECKING:
+    from app.engine.llamacpp.backend import Vocab
 
 GGUFBuilder = Callable[[dict[str, mx.array], dict[str, Any]], nn.Module]
 
@@ -55,9 +59,18 @@ def load_tokenizer(model_path: str) -> MlxTokenizer:
     path = Path(model_path).expanduser()
     if path.is_dir():
         return HFTokenizer(_check_folder(path))
+    return GGUFTokenizer(gguf_vocab(check_gguf(path)))
+
+
+def gguf_vocab(path: Path) -> GGUFVocab | Vocab:
+    """A GGUF's tokenizer, rebuilt without llama.cpp where gguf_vocab knows it (the
+    byte-level BPE ones), else through llama.cpp's vocab-only load."""
+    vocab = read_vocab(path)
+    if vocab is not None:
+        return vocab
     from app.engine.llamacpp.backend import load_vocab
 
-    return GGUFTokenizer(load_vocab(str(path)))
+    return load_vocab(str(path))
 
 
 def load_model(model_path: str) -> LoadedModel:
@@ -85,7 +98,6 @@ def _fit_device(model: nn.Module, *, gguf: bool) -> nn.Module:
 
 
 def _load_gguf(path: Path) -> LoadedModel:
-    from app.engine.llamacpp.backend import load_vocab
     from app.engine.mlx.gguf_llama import meta_value
 
     try:
@@ -110,7 +122,7 @@ def _load_gguf(path: Path) -> LoadedModel:
         )
     builder: GGUFBuilder = _import(target)
     model = _fit_device(builder(weights, metadata), gguf=True)
-    vocab = load_vocab(str(path))
+    vocab = gguf_vocab(path)
     bos, eos = vocab.bos, vocab.eos
     arch_key = f"{architecture}.context_length"
     return LoadedModel(

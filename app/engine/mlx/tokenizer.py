@@ -1,9 +1,11 @@
 """Tokenizers for the MLX engine, one interface for both kinds of model.
 
-A GGUF carries its tokenizer in its metadata; llama.cpp's vocab-only load reads exactly
-that, so the MLX engine tokenizes a GGUF through it and both engines produce the same ids
-from the same file (a transcript stays valid when the user switches engine). An mlx-lm
-folder carries a Hugging Face tokenizer, read through mlx-lm.
+A GGUF carries its tokenizer in its metadata, and the MLX engine tokenizes a GGUF exactly as
+llama.cpp does, so both engines produce the same ids from the same file (a transcript stays
+valid when the user switches engine): through `gguf_vocab`'s rebuild of it where it is a
+byte-level BPE one it knows (no llama.cpp in the MLX engine's process), else through
+llama.cpp's vocab-only load. An mlx-lm folder carries a Hugging Face tokenizer, read through
+mlx-lm.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import Protocol
 from llguidance import LLTokenizer
 
 from app.engine.constraint import tokenizer_from_hf, tokenizer_from_vocab
-from app.engine.llamacpp.backend import Vocab
 
 
 class TextStream(Protocol):
@@ -37,8 +38,22 @@ class MlxTokenizer(Protocol):
         ...
 
 
+class GGUFVocabLike(Protocol):
+    """What a GGUF's vocabulary gives: llama.cpp's (llamacpp.backend.Vocab) or gguf_vocab's."""
+
+    n_tokens: int
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def control_ids(self) -> list[int]: ...
+
+
 class _BytesStream:
-    def __init__(self, vocab: Vocab) -> None:
+    def __init__(self, vocab: GGUFVocabLike) -> None:
         self._vocab = vocab
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
@@ -47,9 +62,9 @@ class _BytesStream:
 
 
 class GGUFTokenizer:
-    """The GGUF's own tokenizer, through llama.cpp's vocab (no weights loaded)."""
+    """The GGUF's own tokenizer (no weights loaded)."""
 
-    def __init__(self, vocab: Vocab) -> None:
+    def __init__(self, vocab: GGUFVocabLike) -> None:
         self.vocab = vocab
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:

@@ -7,9 +7,9 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.utils import infer_quant_config
 
 from app.engine.mlx.deepseek_v4.args import ModelArgs
+from app.engine.mlx.lm import packed_config
 
 _PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
 _FP8_BLOCK = 128  # DeepSeek's FP8 matrices carry one scale per 128 x 128 block
@@ -87,6 +87,6 @@ def quantize_for(model: nn.Module, weights: dict[str, mx.array]) -> None:
     def packed(path: str, module: nn.Module) -> dict[str, Any] | bool:
         if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
             return False
-        return infer_quant_config(path, module, weights)
+        return packed_config(path, module, weights)
 
     nn.quantize(model, class_predicate=packed)
