@@ -32,6 +32,7 @@ from app.conversations import (
     StoreFullError,
     ToolCall,
 )
+from app.conversations.served import Kept, ServedTurn, keep
 from app.engine.chat_template import ChatTemplate
 from app.engine.host import EngineClient, EngineCrashedError, EngineState, Generation
 from app.engine.protocol import (
@@ -487,6 +488,11 @@ class ChatSession:
         if reasoning is not None and template.supports_reasoning_switch:
             template.variables["enable_thinking"] = bool(reasoning)
         return template
+
+    def keep_served(self, turn: ServedTurn) -> Kept:
+        """A turn the API server beside the window served, kept in this store as an API
+        conversation (the one whose branch it continues, or a new one). Raises StoreError."""
+        return keep(self.store, turn)
 
     def history_tokens(self, conversation_id: str) -> list[int]:
         """The tokens the next turn's prompt starts with: what opening it can prefill."""

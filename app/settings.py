@@ -58,6 +58,8 @@ class Settings:
     # Settings > API Server: serve the OpenAI-compatible API (app/server) when the app starts.
     serve_on_start: bool = False
     serve_port: int = 8484
+    # Keep the conversations that server serves in the window's store (conversations/served.py)
+    keep_api_conversations: bool = True
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:
@@ -158,6 +160,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "rpc_on_drop": _one_of(DROP_CHOICES),
     "serve_on_start": lambda v: isinstance(v, bool),
     "serve_port": _integer(1, 65535),
+    "keep_api_conversations": lambda v: isinstance(v, bool),
 }
 _EXPECTED = {
     "model_path": "a path or null",
@@ -179,4 +182,5 @@ _EXPECTED = {
     "rpc_on_drop": "one of " + ", ".join(DROP_CHOICES),
     "serve_on_start": "true or false",
     "serve_port": "a port from 1 to 65535",
+    "keep_api_conversations": "true or false",
 }

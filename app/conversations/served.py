@@ -45,7 +45,7 @@ class ServedTurn:
     system_prompt: str | None
     history: tuple[ServedMessage, ...]  # the request's messages after the system prompt
     reply: ServedMessage
-    model: str | None = None  # the model's name, as conversations record it
+    model: str | None = None  # the model, as conversations record it (its file)
     client: str | None = None  # who asked (an API client's user agent)
     finish_reason: str | None = None
     stats: dict | None = None

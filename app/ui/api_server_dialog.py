@@ -1,7 +1,9 @@
 """Settings > API Server: serve the OpenAI-compatible API from the app, and show its key.
 
 The switch starts or stops the server at once, on the window's engine (app/server/control.py
-does the work; this is only the widgets) and is remembered for the next start. The key is
+does the work; this is only the widgets) and is remembered for the next start. "Keep API
+conversations in the window" (on by default) puts what clients ask and get in the sidebar,
+marked API, from the next reply on. The key is
 shown hidden, with Show, Copy and New key; it lives in the system keychain, or in memory
 when there is none (the label says which).
 
@@ -53,6 +55,14 @@ class ApiServerDialog(QDialog):
         self.enabled = QCheckBox("Serve the OpenAI-compatible API on this machine (127.0.0.1)")
         self.enabled.setChecked(local.running)
         self.enabled.toggled.connect(self._toggled)
+        self.keep = QCheckBox("Keep API conversations in the window")
+        self.keep.setToolTip(
+            "Each conversation a client holds with this server appears in the sidebar, "
+            "marked API, and can be continued here"
+        )
+        self.keep.setChecked(local.keeping)
+        self.keep.setEnabled(local.sink is not None)
+        self.keep.toggled.connect(local.set_keeping)
         self.port = QSpinBox()
         self.port.setRange(1024, 65535)
         self.port.setValue(Settings.load().serve_port)
@@ -86,6 +96,7 @@ class ApiServerDialog(QDialog):
             key_row.addWidget(widget)
         form = QFormLayout()
         form.addRow(self.enabled)
+        form.addRow(self.keep)
         form.addRow("Port", self.port)
         form.addRow("API key", key_row)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close, self)

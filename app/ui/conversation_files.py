@@ -1,5 +1,5 @@
 """Conversations as files in the window: the export dialog with a suggested name and an
-extension that is never lost, and the words that mark an imported conversation."""
+extension that is never lost, and the words that mark an imported or an API conversation."""
 
 from __future__ import annotations
 
@@ -47,3 +47,13 @@ def imported_note(conversation: Conversation) -> str:
     if conversation.imported_at is None:
         return ""
     return f"Imported {datetime.fromtimestamp(conversation.imported_at):%Y-%m-%d %H:%M}"
+
+
+def served_note(conversation: Conversation) -> str:
+    """The words "Through the API, for CLIENT, since 2026-12-01 14:05" for a conversation the
+    API server beside the window served, else ""."""
+    if conversation.served_at is None:
+        return ""
+    client = f", for {conversation.served_to}" if conversation.served_to else ""
+    since = datetime.fromtimestamp(conversation.served_at)
+    return f"Through the API{client}, since {since:%Y-%m-%d %H:%M}"

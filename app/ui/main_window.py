@@ -48,6 +48,7 @@ from app.session import ChatSession, MessageTooLongError, TurnResult
 from app.settings import Settings
 from app.ui import banner_words, conversation_files, overflow, theme
 from app.ui.about import AboutDialog
+from app.ui.api_conversations import ApiConversations
 from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
@@ -105,7 +106,8 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.session = session
         self.store = session.store
-        self.api_server = LocalServer(session.engine)  # Settings > API Server
+        self.api_conversations = ApiConversations(session, self)  # what the API server serves
+        self.api_server = LocalServer(session.engine, self.api_conversations)  # Settings > API
         self.prewarm = Prewarmer(session)
         session.on_progress = lambda reply_id, p: self.chat.show_progress(reply_id, p.done, p.total)
         self.settings = settings
@@ -119,6 +121,7 @@ class MainWindow(QMainWindow):
         self.resize(1180, 780)
 
         self.sidebar = Sidebar(self.store, self)
+        self.api_conversations.kept.connect(self._api_conversation_kept)
         self.chat = ChatView(self)
         self.composer = Composer(self)
         self.banner = Banner(self)
@@ -323,6 +326,13 @@ class MainWindow(QMainWindow):
             self._guard(lambda: self.store.set_draft(self.conversation_id, text))
 
     # -- turns --
+
+    def _api_conversation_kept(self, conversation_id: str, new: bool) -> None:
+        """The API server's reply was kept: list it, and show it in the open conversation
+        unless a turn of the window's is being written there."""
+        self.sidebar.refresh()
+        if conversation_id == self.conversation_id and not self._busy():
+            self.reload()
 
     def _busy(self) -> bool:
         return self.turn is not None and not self.turn.done()

@@ -62,7 +62,7 @@ from PySide6.QtWidgets import (
 
 from app.conversations import Conversation, ConversationStore, SearchHit, StoreError
 from app.ui import theme
-from app.ui.conversation_files import imported_note
+from app.ui.conversation_files import imported_note, served_note
 
 UNTITLED = "New conversation"
 SEARCH_DEBOUNCE_MS = 200
@@ -76,6 +76,8 @@ _TITLE = Qt.ItemDataRole.UserRole + 2  # the stored title; None for an untitled 
 _SNIPPET = Qt.ItemDataRole.UserRole + 3  # a search hit's text, matches between « and »
 _PINNED = Qt.ItemDataRole.UserRole + 4
 _IN_TITLE = Qt.ItemDataRole.UserRole + 5  # a hit in the title: the snippet is the title
+_TAG = Qt.ItemDataRole.UserRole + 6  # a small mark at the row's end: "API" for an API one
+API_TAG = "API"
 _HEADER, _ROW, _HIT = "header", "row", "hit"
 
 _MARGIN = 6  # between a row's highlight and the list's edge
@@ -229,8 +231,13 @@ class _RowDelegate(QStyledItemDelegate):
         painter.setFont(font)
         painter.setPen(option.palette.color(QPalette.ColorRole.Text))
         title = index.data(Qt.ItemDataRole.DisplayRole)
-        elided = painter.fontMetrics().elidedText(title, Qt.TextElideMode.ElideRight, rect.width())
         vertical = Qt.AlignmentFlag.AlignVCenter if vertical_center else Qt.AlignmentFlag.AlignTop
+        if tag := index.data(_TAG):
+            painter.setPen(option.palette.color(QPalette.ColorRole.PlaceholderText))
+            painter.drawText(rect, Qt.AlignmentFlag.AlignRight | vertical, tag)
+            rect = rect.adjusted(0, 0, -painter.fontMetrics().horizontalAdvance(tag) - _PAD, 0)
+            painter.setPen(option.palette.color(QPalette.ColorRole.Text))
+        elided = painter.fontMetrics().elidedText(title, Qt.TextElideMode.ElideRight, rect.width())
         painter.drawText(rect, Qt.AlignmentFlag.AlignLeft | vertical, elided)
 
     def _paint_hit(
@@ -460,11 +467,12 @@ class Sidebar(QWidget):
             item.setData(_TITLE, conversation.title)
             item.setData(_PINNED, conversation.pinned)
             updated = datetime.fromtimestamp(conversation.updated_at)
-            imported = imported_note(conversation)
-            note = f"\n{imported}" if imported else ""
+            imported, served = imported_note(conversation), served_note(conversation)
+            note = "".join(f"\n{words}" for words in (imported, served) if words)
             item.setToolTip(f"{title}\nUpdated {updated:%Y-%m-%d %H:%M}{note}")
-            pinned = ", pinned" if conversation.pinned else ""
-            marks = f"{pinned}, imported" if imported else pinned
+            item.setData(_TAG, API_TAG if served else None)
+            flags = {"pinned": conversation.pinned, "imported": imported, "from the API": served}
+            marks = "".join(f", {mark}" for mark, on in flags.items() if on)
             item.setData(Qt.ItemDataRole.AccessibleTextRole, f"{title}{marks}")
             item.setFlags(
                 Qt.ItemFlag.ItemIsEnabled
