@@ -1,6 +1,7 @@
 """The MLX engine runs DeepSeek V4 from a GGUF: prefill in chunks, decode, and a second turn
 that reuses the first turn's cache (compressor state included) all give the tokens one
-uninterrupted pass of the model gives."""
+uninterrupted pass of the model gives. The pass runs the model as the engine loads it
+(models.load_model: float16 on a GPU, float32 on a CPU), so both sides compute alike."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ import mlx.core as mx
 import numpy as np
 
 from app.engine.mlx.backend import MlxEngine
-from app.engine.mlx.gguf_deepseek_v4 import build
+from app.engine.mlx.models import load_model
 from app.engine.protocol import LoadOptions, SamplingParams, TokenEvent
 from app.hardware.synthetic_gguf import write_deepseek4
 
 
 def one_pass_greedy(path: Path, tokens: list[int], n: int) -> list[int]:
-    weights, metadata = mx.load(str(path), return_metadata=True)
-    model = build(weights, metadata)
+    model = load_model(str(path)).model
     cache = model.make_cache()
     logits = model(mx.array([tokens]), cache)[0, -1]
     out = []
