@@ -10,7 +10,7 @@
 #   4 [.device/gpu-4]                              join the default model, install Stoke's
 #      missing pure-Python packages, then app/bench/mlx_gpu.py: the GPU checks and prefill/decode
 #      tok/s of MLX vs llama.cpp CUDA on the same two files, each engine in its own process
-#      (the llama.cpp stage waits for the build first)
+#      (both wait for the build first: it takes every core)
 #   5 []  the e2e engine suite's core on the MLX backend (five follow-up turns prefill only
 #      their new tokens, edits trim, snapshots round-trip through disk, RAM and resident
 #      sequences, cancel and preemption; the default model kept quantized on the GPU; the
@@ -49,15 +49,14 @@ if [ "$1" = 4 ]; then
     "$here"/*.whl || exit 2
   PYTHONPATH=$mlx_path python3 -c "import mlx.core as mx; assert mx.cuda.is_available(); \
 print('mlx', mx.__version__, mx.default_device())" || { echo "no MLX CUDA: call 2 first"; exit 4; }
-  # the llama.cpp stage starts after the MLX one; the build has until then
-  ( for _ in $(seq 1 400); do [ -f /tmp/lcp.done ] && break; sleep 1; done
-    bash /root/stash/llama/build.sh 1 ) > /tmp/build-wait.log 2>&1 &
-  # MLX compiles its CUDA kernels on first use (NVRTC; minutes on a fresh machine), caching
-  # them under /tmp/mlx for the later processes and calls on this machine
+  # The build uses every core, and both MLX's kernel compiles (NVRTC, on first use) and its
+  # decode loop are CPU-bound: on 2026-12-01 the MLX stage overlapped the build's last 4
+  # minutes and its SmolLM decode runs read 86, 52 and 204 tok/s. So the timings wait for it.
+  for _ in $(seq 1 400); do [ -f /tmp/lcp.done ] && break; sleep 1; done
+  bash /root/stash/llama/build.sh 1 | tail -1
+  # MLX caches the compiled kernels under /tmp/mlx for the later processes and calls here
   PYTHONPATH=$mlx_path timeout 330 python3 -m app.bench.mlx_gpu --out /root/results --stages mlx \
     --scratch /root/scratch --limits 320,150 2>&1 | tee /root/results/bench.log
-  wait
-  cat /tmp/build-wait.log
   # which import order llama.cpp's CUDA build survives, each in a fresh process
   for first in numpy llama_cpp; do
     PYTHONPATH=/tmp/site:$mlx_path python3 -c "import $first, numpy, llama_cpp
