@@ -32,9 +32,10 @@ class LlamaServer:
     """One llama-server process at a fixed port; `start` again after `stop` comes back at the
     same URL with an empty cache."""
 
-    def __init__(self, binary: Path, log: Path) -> None:
+    def __init__(self, binary: Path, log: Path, *extra: str) -> None:
         self.binary = binary
         self.log = log
+        self.extra = extra  # more llama-server flags
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -43,7 +44,7 @@ class LlamaServer:
         command = [
             *(str(self.binary), "--model", str(default_model_path())),
             *("--host", "127.0.0.1", "--port", str(self.port), "--ctx-size", str(N_CTX)),
-            *("--threads", "2", "--no-webui"),
+            *("--threads", "2", "--no-webui", *self.extra),
         ]
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

@@ -11,6 +11,7 @@ What each test proves, with the server's own numbers (its `timings.cache_n`):
   while it is down says nothing is listening, and once the server is back the conversation
   goes on, prefilling from nothing;
 - a prompt over the server's context comes back as the overflow error with its numbers;
+- its `--api-key` is sent (on /props too), and a wrong key is refused in words;
 - `stoke chat --remote-url` (the real CLI, in a subprocess) chats over it, its follow-up
   read from the cache.
 """
@@ -34,6 +35,7 @@ from app.engine.protocol import (
     FinishReason,
     GenerationStats,
     LoadOptions,
+    ModelLoadError,
     RemoteOptions,
     SamplingParams,
     TokenEvent,
@@ -62,8 +64,8 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
         server.stop()
 
 
-def options(url: str, tokenizer: str = "") -> LoadOptions:
-    return LoadOptions(tokenizer, n_ctx=N_CTX, remote=RemoteOptions(url))
+def options(url: str, tokenizer: str = "", key: str | None = None) -> LoadOptions:
+    return LoadOptions(tokenizer, n_ctx=N_CTX, remote=RemoteOptions(url, api_key=key))
 
 
 def engine_on(server: LlamaServer, tokenizer: str = "") -> RemoteEngine:
@@ -193,6 +195,25 @@ def test_a_prompt_over_the_servers_context_keeps_its_numbers(
     with pytest.raises(ContextOverflowError) as overflow:
         collect(engine.generate(prompt, SamplingParams.greedy(), 4))
     assert (overflow.value.prompt_tokens, overflow.value.n_ctx) == (len(prompt), N_CTX)
+
+
+def test_the_servers_api_key_is_sent_and_a_wrong_one_is_refused_in_words(
+    tmp_path: Path, model_path: str
+) -> None:
+    server = LlamaServer(llama_server_binary(), tmp_path / "server.log", "--api-key", "k-right")
+    server.start()
+    try:
+        engine = RemoteEngine()
+        engine.load(options(server.url, model_path, key="k-right"))
+        assert engine.mode == WireMode.LLAMA_SERVER  # /props answered with the key
+        tokens, stats = collect(
+            engine.generate(prompt_of(engine, "Hi"), SamplingParams.greedy(), 2)
+        )
+        assert tokens and stats.prompt_tokens > 0
+        with pytest.raises(ModelLoadError, match="refused the API key"):
+            RemoteEngine().load(options(server.url, model_path, key="k-wrong"))
+    finally:
+        server.stop()
 
 
 def wait_for_idle_slots(server: LlamaServer) -> None:
