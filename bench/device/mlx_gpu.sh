@@ -49,9 +49,10 @@ if [ "$1" = 4 ]; then
     "$here"/*.whl || exit 2
   PYTHONPATH=$mlx_path python3 -c "import mlx.core as mx; assert mx.cuda.is_available(); \
 print('mlx', mx.__version__, mx.default_device())" || { echo "no MLX CUDA: call 2 first"; exit 4; }
-  # The build uses every core, and both MLX's kernel compiles (NVRTC, on first use) and its
-  # decode loop are CPU-bound: on 2026-12-01 the MLX stage overlapped the build's last 4
-  # minutes and its SmolLM decode runs read 86, 52 and 204 tok/s. So the timings wait for it.
+  # The build uses every core, and MLX's kernel compiles (NVRTC, on first use: 100-125 s for
+  # the default model's first forward on a fresh machine) are CPU-bound: on 2026-12-01 the MLX
+  # stage overlapped the build's last 4 minutes and its SmolLM decode runs read 86, 52 and 204
+  # tok/s, compiles included. So the timings wait for it.
   for _ in $(seq 1 400); do [ -f /tmp/lcp.done ] && break; sleep 1; done
   bash /root/stash/llama/build.sh 1 | tail -1
   # MLX caches the compiled kernels under /tmp/mlx for the later processes and calls here
