@@ -4,8 +4,8 @@
 # at most 64 MiB along per call: the MLX CUDA wheel (two halves, ../shared/device), the
 # llama-cpp-python source (built there with CUDA), the default model in four parts, and the
 # pure-Python packages Stoke and its e2e tests import that the machine lacks, spread over the
-# four calls `bash bench/device/mlx_gpu.sh N` makes there (its top lists what each carries),
-# each part sized to fit beside what that call carries.
+# calls `bash bench/device/mlx_gpu.sh 1-4` make there (its top lists what each carries; call 5
+# carries nothing), each part sized to fit beside what that call carries.
 set -euo pipefail
 shared=${SHARED_DEVICE:-../shared/device}
 [ -f .device/mlx-a/stash.sh ] && [ -f .device/mlx-b/install.sh ] || bash "$shared/prepare-mlx-cuda.sh"
