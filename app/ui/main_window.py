@@ -273,9 +273,11 @@ class MainWindow(QMainWindow):
             return
         conversation = self.store.get_conversation(self.conversation_id)
         imported = conversation_files.imported_note(conversation)
+        served = conversation_files.served_note(conversation)
         title = conversation.title or "New conversation"
-        self.title_label.setText(f"{title} · imported" if imported else title)
-        self.title_label.setToolTip(imported)
+        marks = (" · imported" if imported else "") + (" · API" if served else "")
+        self.title_label.setText(title + marks)
+        self.title_label.setToolTip("\n".join(words for words in (imported, served) if words))
 
     def switch_branch(self, message_id: str) -> None:
         """Show the branch through `message_id` (at its latest leaf) and warm it."""

@@ -151,6 +151,8 @@ def test_an_api_tool_loop_is_a_conversation_of_the_window(serving) -> None:
 
     harness.act(lambda: window.open_conversation(conversation.id))
     harness.run(window.prewarm.idle())
+    assert window.title_label.text().endswith(" · API")
+    assert "Through the API" in window.title_label.toolTip()
     calls = _rows(_message(window.chat, path[1].id))
     result = _message(window.chat, path[2].id).row
     assert [r.toggle.text() for r in calls] == ["▸  Called get_weather"]
@@ -181,15 +183,13 @@ def test_an_api_tool_loop_is_a_conversation_of_the_window(serving) -> None:
 def test_anthropic_and_responses_requests_land_too(serving) -> None:
     harness, url, key, model = serving
     messages = anthropic.Anthropic(base_url=url, api_key=key, max_retries=0).messages
+    asked = [{"role": "user", "content": "Say hello to Oslo."}]
 
-    def ask() -> Any:
-        return messages.create(
-            model=model,
-            max_tokens=8,
-            messages=[{"role": "user", "content": "Say hello to Oslo."}],
-        )
+    def ask_streamed() -> Any:
+        with messages.stream(model=model, max_tokens=8, messages=asked) as stream:
+            return stream.get_final_message()
 
-    reply = _beside(harness, ask)
+    reply = _beside(harness, ask_streamed)
     assert reply.content and reply.content[0].type == "text"
     harness.wait_until(lambda: len(_served(harness)) == 1)
     landed = _served(harness)[0]
@@ -197,6 +197,16 @@ def test_anthropic_and_responses_requests_land_too(serving) -> None:
     path = harness.window.store.current_path(landed.id)
     assert [m.role for m in path] == ["user", "assistant"]
     assert path[1].content == reply.content[0].text and path[1].token_ids
+
+    # the client's next turn, its history in content blocks, goes on in the same conversation
+    asked += [
+        {"role": "assistant", "content": [{"type": "text", "text": reply.content[0].text}]},
+        {"role": "user", "content": [{"type": "text", "text": "And to Bergen?"}]},
+    ]
+    again = _beside(harness, lambda: messages.create(model=model, max_tokens=8, messages=asked))
+    harness.wait_until(lambda: len(harness.window.store.current_path(landed.id)) == 4)
+    assert [c.id for c in _served(harness)] == [landed.id]
+    assert again.usage.cache_read_input_tokens > 0
 
     responses = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0).responses
 
