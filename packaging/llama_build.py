@@ -142,9 +142,10 @@ def install(python: str) -> None:
         return
     built = wheel(version, python)
     pip = [python, "-m", "pip", "install", "--quiet"]
-    subprocess.run([*pip, str(built)], check=True)  # with its dependencies
+    log = built.parent / "install.log"
+    run([*pip, str(built)], log)  # with its dependencies
     if not has_rpc(python):  # the same version was there, built without RPC
-        subprocess.run([*pip, "--force-reinstall", "--no-deps", str(built)], check=True)
+        run([*pip, "--force-reinstall", "--no-deps", str(built)], log)
     if not has_rpc(python):
         raise BuildError(
             f"{built.name} was installed, but llama.cpp's RPC backend is not registered "
@@ -172,7 +173,8 @@ def build_tools(python: str) -> Path:
     started = time.monotonic()
     print(f"Building llama-server and rpc-server of {version} (several minutes)...", flush=True)
     with tarfile.open(source) as archive:
-        archive.extractall(partial / "src", filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # 3.11.4+
+        archive.extractall(partial / "src", **safe)
     (top,) = (partial / "src").iterdir()
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     build = partial / "build"
