@@ -24,8 +24,11 @@ Standard library only: it runs before the virtual environment has anything in it
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -83,6 +86,19 @@ def flavor_args() -> list[str]:
     return [*tools.FLAVORS[name], *tools.extra_cmake_args()]
 
 
+def cpu_signature() -> str:
+    """What a native build (llama.cpp's default GGML_NATIVE) is compiled for: the machine and,
+    on Linux, its CPU's instruction-set flags. A cache restored onto another CPU (a CI cache,
+    a copied home) is then rebuilt, rather than crash on an instruction that CPU lacks."""
+    flags = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line.split(":", 1)[1].strip()
+                break
+    return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
+
+
 def run(command: list[str], log: Path, env: dict[str, str] | None = None) -> None:
     """Run a build step with its output in `log` (CI shows the tail when it fails)."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +129,8 @@ def wheel(version: str, python: str) -> Path:
     """The RPC-enabled wheel, built from the sdist once per version and flags."""
     folder = tools.build_cache() / "wheels" / tools.cache_key(version)
     found = sorted(folder.glob("llama_cpp_python-*.whl"))
-    if found:
+    cpu = folder / "cpu.txt"
+    if found and cpu.exists() and cpu.read_text().strip() == cpu_signature():
         return found[0]
     source = sdist(version, python)
     partial = folder.with_name(folder.name + ".partial")
@@ -124,6 +141,8 @@ def wheel(version: str, python: str) -> Path:
     command = [python, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(partial)]
     run([*command, str(source)], partial / "build.log", env)
     (partial / "build.log").unlink()
+    (partial / "cpu.txt").write_text(cpu_signature() + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
     print(f"Built in {time.monotonic() - started:.0f} s: {folder}", flush=True)
     return sorted(folder.glob("llama_cpp_python-*.whl"))[0]
@@ -187,7 +206,13 @@ def build_tools(python: str) -> Path:
     for target, name in TARGETS.items():
         shutil.copy2(build / "bin" / target, partial / "bin" / name)
     seconds = round(time.monotonic() - started)
-    record = {"version": version, "flavor": tools.flavor(), "cmake_args": args, "seconds": seconds}
+    record = {
+        "version": version,
+        "flavor": tools.flavor(),
+        "cmake_args": args,
+        "cpu": cpu_signature(),
+        "seconds": seconds,
+    }
     stamp_text = json.dumps(record, indent=1) + "\n"
     shutil.rmtree(partial / "src")
     shutil.rmtree(build)
@@ -199,9 +224,11 @@ def build_tools(python: str) -> Path:
 
 
 def _built(folder: Path, args: list[str]) -> bool:
-    """Whether `folder` holds both programs, built with exactly these CMake flags."""
+    """Whether `folder` holds both programs, built with exactly these CMake flags for this
+    CPU."""
     stamp = folder / "build.json"
-    if not stamp.exists() or json.loads(stamp.read_text()).get("cmake_args") != args:
+    record = json.loads(stamp.read_text()) if stamp.exists() else {}
+    if record.get("cmake_args") != args or record.get("cpu") != cpu_signature():
         return False
     return all((folder / "bin" / name).exists() for name in TARGETS.values())
 
