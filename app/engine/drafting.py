@@ -7,6 +7,8 @@ Prompt lookup needs no second model: agents and code edits repeat what they were
 the tokens that followed the latest earlier occurrence of the conversation's last few tokens
 are a good guess (the "n-gram" or prompt lookup decoding of llama.cpp and vLLM). The longest
 matching suffix wins, so a line that recurs in the code is told apart by what came before it.
+An edit that renames as it copies breaks every n-gram at the new name, so a last token that
+the copy does not have is read as a substitution and the copy resumes after the old one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 SPECULATION_MODES = ("auto", "lookup", "draft", "mtp", "off")  # LoadOptions.speculation
 MIN_NGRAM = 2  # a single repeated token says too little to bet a batch on
 MAX_NGRAM = 24  # long enough to tell apart the copies of a line that recurs in code
+SUBSTITUTION_LEAD = 4  # how much longer the match before the last token must be to skip it
 KEPT_INDEXES = 8  # conversations whose token buffer is kept between requests
 
 
@@ -56,23 +59,36 @@ class _Tokens:
 
     def lookup(self, k: int) -> list[int]:
         """What followed the earlier occurrence that matches the longest suffix (at least
-        MIN_NGRAM tokens; the latest of equals)."""
-        tokens, n = self.buf[: self.n], self.n
-        if n <= MIN_NGRAM:
+        MIN_NGRAM tokens; the latest of equals). When the suffix before the last token
+        matches much further back, the last token is read as a substitution (an edit that
+        renames as it copies) and the copy resumes one token past that match."""
+        n = self.n
+        exact, at = self._longest(n - 1)
+        skipped, skip_at = self._longest(n - 2)
+        if skipped >= exact + SUBSTITUTION_LEAD and skip_at + 2 < n:
+            at = skip_at + 1  # the source's token replaced by the last one
+        elif exact < MIN_NGRAM:
             return []
-        starts = np.flatnonzero(tokens[: n - 1] == tokens[n - 1])  # candidate match ends
+        return self.buf[at + 1 : min(at + 1 + k, n)].tolist()
+
+    def _longest(self, end: int) -> tuple[int, int]:
+        """The longest match of the tokens up to `end` (inclusive) ending earlier, and where
+        that match ends (the latest of equals); (0, -1) when none reaches MIN_NGRAM."""
+        tokens = self.buf[: self.n]
+        if end < MIN_NGRAM:
+            return 0, -1
+        starts = np.flatnonzero(tokens[:end] == tokens[end])  # candidate match ends
         length = np.ones(starts.size, dtype=np.int64)
         alive = np.ones(starts.size, dtype=bool)
-        for back in range(1, min(MAX_NGRAM, n - 1)):
+        for back in range(1, min(MAX_NGRAM, end)):
             alive &= starts >= back
-            alive[alive] = tokens[starts[alive] - back] == tokens[n - 1 - back]
+            alive[alive] = tokens[starts[alive] - back] == tokens[end - back]
             if not alive.any():
                 break
             length += alive
         if not starts.size or length.max() < MIN_NGRAM:
-            return []
-        at = int(starts[np.flatnonzero(length == length.max())[-1]]) + 1
-        return tokens[at : at + k].tolist()
+            return 0, -1
+        return int(length.max()), int(starts[np.flatnonzero(length == length.max())[-1]])
 
 
 class PromptLookup:

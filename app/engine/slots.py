@@ -101,6 +101,7 @@ class SlotEngine(Generic[S]):
         self._trimmable = True  # False: restore only a snapshot the slot can extend
         self._copies_prefixes = False  # True: `_copy_prefix` shares a resident prefix
         self._speculates = False  # True: `_verify` works and the KV can be cut anywhere
+        self._verify_exact = False  # True: `_verify`'s rows and K/V are one-token decoding's
         self._drafters: list[Drafter] = []  # set by `_open_drafters` (speculate.py)
         self._pace = Pace()
 

@@ -265,7 +265,7 @@ class Decoder:
         """Whether a verify row's greedy verdict is the one plain decoding would reach: a
         runtime's batched kernels round differently from its one-token ones (llama.cpp's
         logits moved by up to 0.8 here), so a near tie is left to a one-token decode."""
-        if self.sampling.temperature > 0:
+        if self.sampling.temperature > 0 or self.engine._verify_exact:
             return True
         z = biased(logits, self.sampling)
         best = int(np.argmax(z))

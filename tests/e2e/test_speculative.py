@@ -1,7 +1,8 @@
 """Speculative decoding on the real engines and the default model: the drafts are really
-verified (and mostly kept on a code edit), the next turn prefills only its new tokens (so the
-KV held exactly what was handed out), and at temperature 0 each method's reply is token for
-token plain decoding's (on llama.cpp an expected failure when it is not: KNOWN_DRIFT).
+verified, the next turn prefills only its new tokens (so the KV held exactly what was handed
+out), and at temperature 0 each method's reply is token for token plain decoding's in the
+same context (on llama.cpp a speculative context gets flash attention over a q8_0 KV, whose
+verify batches equal one-token decodes bit for bit: `exact_context` is its plain twin).
 
 The draft model is the default model cut to its first two blocks (`write_truncated`), which
 shares its tokenizer: poor guesses, but real ones from a second model.
@@ -9,12 +10,14 @@ shares its tokenizer: poor guesses, but real ones from a second model.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from app.conversations import ConversationStore
 from app.engine.host import EngineClient
+from app.engine.llamacpp.backend import exact_context
 from app.engine.protocol import FinishReason, LoadOptions
 from app.models.default import default_model_path
 from app.models.truncated_gguf import write_truncated
@@ -31,11 +34,6 @@ CODE = "\n".join(
 EDIT = f"Repeat this code exactly, but rename `total` to `result`:\n```python\n{CODE}```"
 FOLLOW_UP = "Now say in one sentence what the functions do."
 SAMPLING = {"temperature": 0.0, "max_tokens": 120}
-# What keeps llama.cpp's greedy replies from being plain decoding's token for token: its
-# batched kernels write K/V that differ from one-token decoding's (the next logits move by
-# up to 0.8 on the default model, with any thread count and CPU buffer types), so a later
-# near tie may fall the other way. The verify rows themselves are guarded (TIE_MARGIN).
-KNOWN_DRIFT = "llama.cpp's batched kernels write K/V that differ from one-token decoding's"
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +61,8 @@ async def _conversation(store: ConversationStore, options: LoadOptions, engine: 
 def test_speculation_is_exact_and_the_next_turn_prefills_new_tokens_only(
     store: ConversationStore, model_path, draft_model, run, engine, method
 ):
-    base = LoadOptions(model_path, n_ctx=2048, speculation="off")
     spec = LoadOptions(model_path, n_ctx=2048, speculation=method, draft_model=draft_model)
+    base = exact_context(spec) if engine == "llama.cpp" else replace(spec, speculation="off")
     plain_first, plain_second = run(_conversation(store, base, engine))
     first, second = run(_conversation(store, spec, engine))
 
@@ -82,7 +80,5 @@ def test_speculation_is_exact_and_the_next_turn_prefills_new_tokens_only(
         held -= 1
     assert second.stats.reused_tokens == held
     assert second.stats.prefilled_tokens == second.stats.prompt_tokens - held
-    exact = (first.token_ids, second.token_ids) == (plain_first.token_ids, plain_second.token_ids)
-    if engine == "llama.cpp" and not exact:
-        pytest.xfail(KNOWN_DRIFT)
-    assert exact
+    assert first.token_ids == plain_first.token_ids
+    assert second.token_ids == plain_second.token_ids

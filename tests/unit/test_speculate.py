@@ -76,6 +76,17 @@ def test_prompt_lookup_drafts_what_followed_the_longest_match():
     assert lookup.propose("b", [1, 2, 1, 2, 1, 2], 4) == [1, 2]  # latest: up to the end
 
 
+def test_prompt_lookup_resumes_the_copy_after_a_renamed_token():
+    """An edit copying '... 7 8 9 total = x' as '... 7 8 9 result': no n-gram ends in the new
+    name, so the last token is read as a substitution and the copy goes on after 'total'."""
+    total, result = 50, 60
+    source = [1, 2, 3, 4, 7, 8, 9, total, 11, 12, 13, 5, 6]
+    lookup = PromptLookup()
+    assert lookup.propose("a", [*source, 1, 2, 3, 4, 7, 8, 9, result], 3) == [11, 12, 13]
+    # A short match before the new token is no evidence of a copy: nothing is drafted.
+    assert lookup.propose("b", [*source, 8, 9, result], 3) == []
+
+
 # -- the decoder over a tiny Markov model ---------------------------------------------------
 
 VOCAB = 4

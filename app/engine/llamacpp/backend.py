@@ -19,7 +19,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import llama_cpp
@@ -43,6 +43,7 @@ from app.engine.protocol import (
     ModelLoadError,
     SamplingParams,
 )
+from app.engine.safe_mode import is_conservative
 from app.engine.slots import Slot, SlotEngine
 from app.engine.speculate import MAX_DRAFT
 
@@ -197,6 +198,42 @@ def keeps_own_streams(model: llama_cpp.llama_model_p) -> bool:
     return bool(llama_cpp.llama_model_is_hybrid(model) or llama_cpp.llama_model_is_recurrent(model))
 
 
+# A speculative context's KV element type in place of f16/f32 (`verifies_exactly`).
+EXACT_KV = {"f16": "q8_0", "f32": "q8_0"}
+
+
+def verifies_exactly(options: LoadOptions, model: LlamaModel) -> bool:
+    """Whether the context gets attention whose verify batches equal one-token decodes bit
+    for bit, as a speculative CPU context does (flash attention over a quantized KV): without
+    flash attention ggml hands the attention matmuls of two tokens or more, never of one, to
+    llamafile's sgemm, and with it a one-token decode over an f16 or f32 cache of 512 cells
+    or more splits the cells across threads, while a batch takes each row whole; a quantized
+    cache takes every row whole. Measured on the default model at 1,000 tokens: the first
+    way, verify logits up to 1.21 off a decode's and the K/V written moving the next decode's
+    by 0.81; the second, 1.35 and 0.79; with a q8_0 cache, 0 and 0. Not in safe mode (no
+    flash attention there), nor for hybrid memories or offloaded layers, which this does not
+    cover."""
+    return (
+        options.speculation != "off"
+        and not is_conservative(options)
+        and not keeps_own_streams(model.ptr)
+        and options.n_gpu_layers == 0
+        and not options.rpc_servers
+        and not options.devices
+    )
+
+
+def exact_context(options: LoadOptions) -> LoadOptions:
+    """The options, speculation off, whose context a speculative load of `options` gets on a
+    CPU: the plain decoding its replies equal token for token (`verifies_exactly`)."""
+    return replace(
+        options,
+        speculation="off",
+        flash_attn=True,
+        kv_type=EXACT_KV.get(options.kv_type, options.kv_type),
+    )
+
+
 def _context_params(
     options: LoadOptions, model: LlamaModel, n_ctx_train: int
 ) -> llama_cpp.llama_context_params:
@@ -219,7 +256,9 @@ def _context_params(
         raise ModelLoadError(
             f"Unknown KV cache type {options.kv_type!r}: use one of {', '.join(KV_TYPES)}."
         )
-    cparams.type_k = cparams.type_v = KV_TYPES[options.kv_type]
+    exact = verifies_exactly(options, model)
+    kv_type = EXACT_KV.get(options.kv_type, options.kv_type) if exact else options.kv_type
+    cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
     cparams.offload_kqv = options.kv_offload
     threads = options.n_threads or max(os.cpu_count() or 1, 1)
     cparams.n_threads = threads
@@ -227,7 +266,7 @@ def _context_params(
     cparams.no_perf = True
     cparams.flash_attn_type = (
         llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if options.flash_attn
+        if options.flash_attn or exact
         else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
     )
     return cparams
@@ -334,6 +373,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             stack.enter_context(ctx)
             batch = stack.enter_context(LlamaBatch(options.n_batch))
             self._model, self._ctx, self._batch, self._options = model, ctx, batch, options
+            self._verify_exact = verifies_exactly(options, model)
             self._vocab = Vocab(model.ptr)
             if cparams.kv_unified:
                 self._pool = llama_cpp.llama_n_ctx(ctx.ptr)
