@@ -241,3 +241,26 @@ def test_a_store_that_refuses_still_serves_and_says_why(
     assert "Traceback" not in caplog.text
     store._conn.execute("PRAGMA query_only = OFF")
     assert _served(harness) == []
+
+
+def test_the_setting_turns_keeping_off_and_on(serving) -> None:
+    harness, url, key, model = serving
+    window = harness.window
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+    def ask(text: str) -> Callable[[], Any]:
+        return lambda: client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": text}], max_tokens=4
+        )
+
+    dialog = window.open_api_server_settings()
+    assert dialog.keep.isChecked() and dialog.keep.isEnabled()
+    harness.act(lambda: dialog.keep.setChecked(False))
+    assert not Settings.load().keep_api_conversations and not window.api_server.keeping
+    assert _beside(harness, ask("Not kept, please.")).choices[0].message.content is not None
+    harness.act(lambda: dialog.keep.setChecked(True))
+    _beside(harness, ask("Kept again."))
+    # had the first been kept, it would have landed before the second
+    harness.wait_until(lambda: len(_served(harness)) >= 1)
+    assert [c.title for c in _served(harness)] == ["Kept again."]
+    assert Settings.load().keep_api_conversations
