@@ -21,6 +21,7 @@ from enum import IntEnum, StrEnum
 from multiprocessing.connection import Connection
 from typing import Any
 
+from app.engine.llamacpp.openmp import spin_briefly
 from app.engine.protocol import (
     CancelToken,
     Engine,
@@ -219,6 +220,7 @@ def _cancelled_stats(prompt_tokens: int) -> GenerationStats:
 def main(fd: int, backend: str) -> None:
     """Serve requests on the inherited connection `fd` until it closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C belongs to the app, not the engine
+    spin_briefly()  # before llama.cpp (and its OpenMP) loads: llamacpp/openmp.py says why
     child = _Child(Connection(fd), backend)
     threading.Thread(target=child.read_loop, name="engine-reader", daemon=True).start()
     try:
