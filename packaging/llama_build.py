@@ -216,6 +216,7 @@ def build_tools(python: str) -> Path:
     stamp_text = json.dumps(record, indent=1) + "\n"
     shutil.rmtree(partial / "src")
     shutil.rmtree(build)
+    log.unlink()
     (partial / "build.json").write_text(stamp_text)
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)

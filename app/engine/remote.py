@@ -115,7 +115,7 @@ class _Reply:
     generated_tokens: int | None = None
     pieces: int = 0  # streamed text pieces: about one token each
     finish: FinishReason = FinishReason.LENGTH
-    ended: bool = False  # the server said the reply is over (a finish reason, `stop`)
+    ended: bool = False  # the server said the reply is over (a finish reason, usage, `stop`)
     calls: dict[int, list[str]] = field(default_factory=dict)  # chat: index -> [name, args]
 
 
@@ -439,6 +439,7 @@ class RemoteEngine:
             return self._parse_llama_server(event, reply, decoder)
         usage = event.get("usage")
         if isinstance(usage, dict):
+            reply.ended = True  # sent last (`include_usage`), whatever came before
             reply.prompt_tokens = usage.get("prompt_tokens") or reply.prompt_tokens
             reply.generated_tokens = usage.get("completion_tokens") or reply.generated_tokens
             details = usage.get("prompt_tokens_details")
