@@ -111,6 +111,7 @@ class WizardCards:
         left = QVBoxLayout()
         left.setSpacing(14)
         left.addWidget(self._build_machine(contents))
+        left.addWidget(self._build_remote(contents))
         left.addWidget(self._build_model(contents))
         left.addWidget(self._build_settings(contents))
         left.addStretch(1)
@@ -185,6 +186,12 @@ class WizardCards:
         self.engine_label.setAccessibleName("Recommended engine")
         column.addWidget(self.engine_label)
         return card
+
+    def _build_remote(self, parent: QWidget) -> QFrame:
+        from app.ui.hardware.remote import RemoteMachines  # it builds on this module's cards
+
+        self.remote = RemoteMachines(parent, Settings.load().rpc_servers, self._request_plan)
+        return self.remote.card
 
     def _build_model(self, parent: QWidget) -> QFrame:
         card, column = titled_card("Model", parent)

@@ -31,6 +31,7 @@ from app.hardware.detect import Hardware, detect
 from app.hardware.planner import DeviceBudget, Plan, load_options
 from app.models import load_settings
 from app.models.names import model_name
+from app.settings import Settings
 from app.ui import theme
 from app.ui.a11y import described
 from app.ui.background import Background
@@ -331,7 +332,9 @@ class HardwareWizard(WizardCards, QDialog):
         self.context_slider.setValue(nearest)
 
     def devices(self) -> list[DeviceBudget]:
-        return budgets(self.hardware)[0] if self.hardware else []
+        """This machine's GPUs, then the rpc-servers' devices the remote card found."""
+        local = budgets(self.hardware)[0] if self.hardware else []
+        return [*local, *self.remote.devices]
 
     def plan_kwargs(self) -> dict[str, Any]:
         """The planner's inputs, as the controls show them."""
@@ -462,6 +465,10 @@ class HardwareWizard(WizardCards, QDialog):
         options = {**load_options(self.plan), "engine": self.engine_combo.currentData()}
         try:
             load_settings.save(self.model_path, options)
+            settings = Settings.load()
+            if settings.rpc_servers != self.remote.text():
+                settings.rpc_servers = self.remote.text()  # what `stoke doctor` checks
+                settings.save()
         except OSError as exc:
             self.apply_error.setText(f"Stoke could not save the settings: {exc.strerror or exc}.")
             self.apply_error.show()
