@@ -8,7 +8,9 @@ token ids the server sampled, so the next prompt extends this one exactly.
 
 Wire modes, from most to least exact (`auto` picks the first the server supports):
 - `llama-server`: llama.cpp's native /completion with a token prompt, `return_tokens` and
-  `cache_prompt`; the cached count is its `timings.cache_n`.
+  `cache_prompt`; the cached count is its `timings.cache_n`. Its stream ends with a `stop`
+  event; one that ends without it is a server gone mid-reply. Checked against the real
+  llama-server of the engine's own llama.cpp (`make llama-tools`, tests/e2e/test_llama_server.py).
 - `tokens`: /v1/completions with a token-id prompt and `return_token_ids` (vLLM, another
   Stoke); the cached count is `usage.prompt_tokens_details.cached_tokens`. A server that takes
   token prompts but sends no ids back (SGLang) gets its reply text re-tokenized locally.
