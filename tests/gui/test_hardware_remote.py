@@ -7,20 +7,35 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
+from app.hardware.detect import Hardware
 from app.hardware.memory import GIB
+from app.hardware.synthetic_gguf import write_deepseek4
 from app.models import load_settings
 from app.settings import Settings
 from app.ui.hardware import HardwareWizard
-from tests.gui.test_hardware_wizard import (  # noqa: F401  (fixtures)
-    PLAN_TIMEOUT_MS,
-    flash,
-    machine,
-    open_wizard,
-    settle,
-)
+from tests.gui.test_hardware_wizard import PLAN_TIMEOUT_MS, READ_TIMEOUT_MS, machine, settle
+
+
+@pytest.fixture(scope="module")
+def flash(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_deepseek4(tmp_path_factory.mktemp("flash") / "flash.gguf", mode="full")
+
+
+@pytest.fixture
+def open_wizard(qtbot: QtBot) -> Callable[..., HardwareWizard]:
+    def opener(model: Path, hardware: Hardware) -> HardwareWizard:
+        wizard = HardwareWizard(str(model), hardware)
+        qtbot.addWidget(wizard)
+        wizard.show()
+        qtbot.waitExposed(wizard)
+        settle(qtbot, wizard, READ_TIMEOUT_MS)
+        return wizard
+
+    return opener
 
 
 def closed_port() -> int:
@@ -32,7 +47,7 @@ def closed_port() -> int:
 def test_a_described_machine_joins_the_plan_and_is_kept_on_apply(
     open_wizard: Callable[..., HardwareWizard],
     flash: Path,
-    qtbot: QtBot,  # noqa: F811
+    qtbot: QtBot,
 ) -> None:
     wizard = open_wizard(flash, machine(2, 24, 64))
     assert wizard.plan.rpc_servers == ()
@@ -59,7 +74,7 @@ def test_a_described_machine_joins_the_plan_and_is_kept_on_apply(
 def test_a_line_that_is_not_an_address_is_said_in_words(
     open_wizard: Callable[..., HardwareWizard],
     flash: Path,
-    qtbot: QtBot,  # noqa: F811
+    qtbot: QtBot,
 ) -> None:
     wizard = open_wizard(flash, machine(1, 24, 64))
     wizard.remote.edit.setText("mac.local")
