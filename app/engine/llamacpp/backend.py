@@ -198,25 +198,33 @@ def keeps_own_streams(model: llama_cpp.llama_model_p) -> bool:
     return bool(llama_cpp.llama_model_is_hybrid(model) or llama_cpp.llama_model_is_recurrent(model))
 
 
-# A speculative context's KV element type in place of f16/f32 (`verifies_exactly`).
+# A speculative context's KV element type in place of f16/f32 (`exact_attention`).
 EXACT_KV = {"f16": "q8_0", "f32": "q8_0"}
 
 
-def verifies_exactly(options: LoadOptions, model: LlamaModel) -> bool:
-    """Whether the context gets attention whose verify batches equal one-token decodes bit
-    for bit, as a speculative CPU context does (flash attention over a quantized KV): without
-    flash attention ggml hands the attention matmuls of two tokens or more, never of one, to
-    llamafile's sgemm, and with it a one-token decode over an f16 or f32 cache of 512 cells
-    or more splits the cells across threads, while a batch takes each row whole; a quantized
-    cache takes every row whole. Measured on the default model at 1,000 tokens: the first
-    way, verify logits up to 1.21 off a decode's and the K/V written moving the next decode's
-    by 0.81; the second, 1.35 and 0.79; with a q8_0 cache, 0 and 0. Not in safe mode (no
-    flash attention there), nor for hybrid memories or offloaded layers, which this does not
-    cover."""
+def exact_attention(options: LoadOptions, model: LlamaModel) -> bool:
+    """Whether a context gets the attention whose verify batches equal one-token decodes bit
+    for bit on a CPU, as a speculative one does (flash attention over a quantized KV):
+    without flash attention ggml hands the attention matmuls of two tokens or more, never of
+    one, to llamafile's sgemm, and with it a one-token decode over an f16 or f32 cache of 512
+    cells or more splits the cells across threads, while a batch takes each row whole; a
+    quantized cache takes every row whole. Measured on the default model at 1,000 tokens: the
+    first way, verify logits up to 1.21 off a decode's and the K/V written moving the next
+    decode's by 0.81; the second, 1.35 and 0.79; with a q8_0 cache, 0 and 0. Not in safe mode
+    (no flash attention there), nor for hybrid memories. A split over other devices gets it
+    too, so that its replies stay those of the same model on one machine."""
     return (
         options.speculation != "off"
         and not is_conservative(options)
         and not keeps_own_streams(model.ptr)
+    )
+
+
+def verifies_exactly(options: LoadOptions, model: LlamaModel) -> bool:
+    """Whether verify rows can be trusted whole (`speculate.py`): the exact attention with
+    every layer on this CPU (GPU kernels and remote devices were not measured)."""
+    return (
+        exact_attention(options, model)
         and options.n_gpu_layers == 0
         and not options.rpc_servers
         and not options.devices
@@ -225,7 +233,7 @@ def verifies_exactly(options: LoadOptions, model: LlamaModel) -> bool:
 
 def exact_context(options: LoadOptions) -> LoadOptions:
     """The options, speculation off, whose context a speculative load of `options` gets on a
-    CPU: the plain decoding its replies equal token for token (`verifies_exactly`)."""
+    CPU: the plain decoding its replies equal token for token (`exact_attention`)."""
     return replace(
         options,
         speculation="off",
@@ -256,7 +264,7 @@ def _context_params(
         raise ModelLoadError(
             f"Unknown KV cache type {options.kv_type!r}: use one of {', '.join(KV_TYPES)}."
         )
-    exact = verifies_exactly(options, model)
+    exact = exact_attention(options, model)
     kv_type = EXACT_KV.get(options.kv_type, options.kv_type) if exact else options.kv_type
     cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
     cparams.offload_kqv = options.kv_offload
