@@ -281,8 +281,9 @@ class RemoteEngine:
     def prefill(
         self, tokens: Sequence[int], *, slot: str = "default", cancel: CancelToken | None = None
     ) -> GenerationStats:
-        """Prewarm the server's cache with `max_tokens: 0` (`n_predict: 0`). Text and chat
-        servers treat 0 as "no limit", so there it does nothing."""
+        """Prewarm the server's cache: `n_predict: 0` to llama-server, one token (dropped) in
+        the tokens mode. Text and chat servers treat 0 as "no limit", so there it does
+        nothing."""
         if self.mode in (WireMode.TEXT, WireMode.CHAT):
             return GenerationStats(len(tokens), 0, 0, 0, 0.0, 0.0, 0.0, FinishReason.PREFILLED)
         stats = None
@@ -408,9 +409,12 @@ class RemoteEngine:
             }
         base: dict[str, Any] = {"model": self.model, "stream": True, "max_tokens": max_tokens}
         if self.mode == WireMode.TOKENS:
+            # a prefill asks for one token, which `_run` drops: vLLM refuses `max_tokens: 0`
+            # ("must be at least 1") and caches the prompt's blocks all the same
             return "/v1/completions", {
                 **base,
                 **common,
+                "max_tokens": max_tokens or 1,
                 "prompt": list(tokens),
                 "return_token_ids": True,
                 "stream_options": {"include_usage": True},

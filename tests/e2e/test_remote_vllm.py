@@ -14,7 +14,8 @@ as the README says (`vllm serve ... --enable-prefix-caching --enable-prompt-toke
   `prompt_tokens_details.cached_tokens` is there only when some were cached, counted in
   whole KV blocks of 16 (prefix caching hashes full blocks), then `data: [DONE]`;
 - `max_tokens` below 1 is refused (SamplingParams: "max_tokens must be at least 1") with
-  vLLM's ErrorResponse `{"error": {"message", "type", "param", "code"}}`.
+  vLLM's ErrorResponse `{"error": {"message", "type", "param", "code"}}` (so a prefill asks
+  for one token, which the engine drops).
 
 Behind it the real engine samples the real default model, so the replies are real and the
 cached count is what a prefix cache really holds.
@@ -34,7 +35,6 @@ from app.conversations import ConversationStore
 from app.engine.host import EngineClient
 from app.engine.llamacpp.backend import LlamaCppEngine
 from app.engine.protocol import (
-    EngineError,
     FinishReason,
     GenerationStats,
     LoadOptions,
@@ -253,14 +253,23 @@ def test_tokens_mode_over_vllm_extends_each_prompt_and_reads_its_cache(
         previous = body["prompt"] + result.token_ids  # the ids vLLM sent, end of turn kept
 
 
-def test_a_prewarm_vllm_refuses_is_said_in_words(vllm, model_path: str) -> None:
-    """vLLM has no prefill-only request: `max_tokens: 0` is refused, and the engine says so."""
-    url, _ = vllm
+def test_a_prewarm_asks_vllm_for_one_token_and_keeps_none(vllm, model_path: str) -> None:
+    """vLLM refuses `max_tokens: 0`, so a prefill asks for one token and drops it: the
+    prompt's blocks are cached and the next request that extends it reads them."""
+    url, requests = vllm
     from app.engine.remote import RemoteEngine
 
     engine = RemoteEngine()
     engine.load(_options(model_path, url))
-    with pytest.raises(EngineError) as refused:
-        engine.prefill(engine.tokenize("Hello"))
-    assert "max_tokens must be at least 1" in str(refused.value)
-    assert "Traceback" not in str(refused.value)
+    try:
+        prompt = engine.tokenize("Hello there, tell me about the sea in one line." * 4)
+        stats = engine.prefill(prompt)
+        assert requests[-1]["max_tokens"] == 1 and requests[-1]["prompt"] == list(prompt)
+        assert stats.finish_reason == FinishReason.PREFILLED and stats.generated_tokens == 0
+        events = list(
+            engine.generate([*prompt, *engine.tokenize(" Go on.")], SamplingParams.greedy(), 8)
+        )
+        after = next(e for e in events if isinstance(e, GenerationStats))
+        assert after.reused_tokens == len(prompt) // BLOCK * BLOCK > 0
+    finally:
+        engine.unload()
