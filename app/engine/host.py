@@ -468,12 +468,7 @@ class EngineClient:
         if self._retry_safely(exitcode, reason):
             return
         crash = EngineCrashedError(f"The engine stopped unexpectedly ({reason}). Restarting it.")
-        for pending in self._pending.values():
-            if pending.generation is not None:
-                pending.generation.queue.put_nowait(crash)
-            elif not pending.future.done():
-                pending.future.set_exception(crash)
-        self._pending.clear()
+        self._fail_pending(crash)
         if self.state == EngineState.FAILED:
             return
         now = time.monotonic()
@@ -490,15 +485,27 @@ class EngineClient:
             )
             self._set_state(EngineState.FAILED, message)
             failed = EngineError(message)
-            if self._ready is None or self._ready.done():
-                self._ready = self._loop.create_future()
+            self._renew_ready()
             self._ready.set_exception(failed)
             self._ready.exception()  # mark retrieved: callers get it from ready()
             return
         self._set_state(EngineState.CRASHED, str(crash))
+        self._renew_ready()
+        self._spawn()
+
+    def _fail_pending(self, error: Exception) -> None:
+        """Hand every waiting request the error: streams get it queued, calls raised."""
+        for pending in self._pending.values():
+            if pending.generation is not None:
+                pending.generation.queue.put_nowait(error)
+            elif not pending.future.done():
+                pending.future.set_exception(error)
+        self._pending.clear()
+
+    def _renew_ready(self) -> None:
+        """A new 'ready' future for the next engine, unless one is still waiting."""
         if self._ready is None or self._ready.done():
             self._ready = self._loop.create_future()
-        self._spawn()
 
     def _server_lost(self, lost: Sequence[str], reason: str) -> None:
         """An rpc-server went away: say which, then load without it, or wait for it."""
@@ -513,16 +520,10 @@ class EngineClient:
             self.options = rpc_devices.without(self.options, lost)
             then = "Stoke is loading the model again without it; its layers run on this machine."
         crash = EngineCrashedError(f"{what} {then}")
-        for pending in self._pending.values():
-            if pending.generation is not None:
-                pending.generation.queue.put_nowait(crash)
-            elif not pending.future.done():
-                pending.future.set_exception(crash)
-        self._pending.clear()
+        self._fail_pending(crash)
         self._notice(f"{what} {then}")
         self._set_state(EngineState.CRASHED, str(crash))
-        if self._ready is None or self._ready.done():
-            self._ready = self._loop.create_future()
+        self._renew_ready()
         if self.options.rpc_on_drop == "wait":
             self._retry = self._loop.call_later(SERVER_POLL_S, self._poll_servers)
         else:
@@ -560,8 +561,7 @@ class EngineClient:
         )
         self._notice(message)
         self._set_state(EngineState.CRASHED, message)
-        if self._ready is None or self._ready.done():
-            self._ready = self._loop.create_future()
+        self._renew_ready()
         self.retry_at = time.monotonic() + delay
         self._retry = self._loop.call_later(delay, self._spawn_after_backoff)
 
@@ -604,8 +604,7 @@ class EngineClient:
         self._notice(notice)
         self._restarts.append(time.monotonic())
         self._set_state(EngineState.CRASHED, notice)
-        if self._ready is None or self._ready.done():
-            self._ready = self._loop.create_future()
+        self._renew_ready()
         self._spawn()
         return True
 
