@@ -59,6 +59,9 @@ class DeviceBudget:
     runtime: int | None = None  # the GPU runtime's own bytes, where measured on this machine
     machine: str = ""  # "" for this machine; an rpc-server's HOST:PORT for a remote device
     link: Link | None = None  # the network to `machine`
+    # this machine's CPU leading a split over rpc-servers (its RAM the budget), not a device
+    # that offloads; a lone CPU device stands in for a GPU (as on CI) and offloads like one
+    lead: bool = False
 
     @classmethod
     def of(cls, gpu: GpuInfo) -> DeviceBudget:
@@ -72,7 +75,7 @@ class DeviceBudget:
     @property
     def reserve(self) -> int:
         """Bytes the GPU runtime takes beside llama.cpp's buffers (see GPU_RESERVE)."""
-        if self.backend == "cpu":  # this machine's CPU leading a split: RAM has no runtime
+        if self.lead:  # this machine's CPU leading a split: RAM has no runtime
             return 0
         if self.runtime is not None:
             return self.runtime
@@ -259,11 +262,11 @@ def _compute(
     stage = host_weights and shape.n_ubatch >= OP_OFFLOAD_MIN_BATCH
     staged = staging_bytes(t for g in host for t in g.tensors) if stage else 0
     # llama.cpp stages host experts on the first device that offloads ops: RPC devices do not
-    first = next((i for i, g in enumerate(gpus) if g.backend not in ("rpc", "cpu")), None)
+    first = next((i for i, g in enumerate(gpus) if g.backend != "rpc" and not g.lead), None)
     sizes, sources = [], []
     for i, gpu in enumerate(gpus):
         role: ComputeRole
-        if gpu.backend == "cpu":  # this machine's CPU holding the first layers of a split
+        if gpu.lead:  # this machine's CPU holding the first layers of a split
             size, source = compute_bytes(info, shape, "cpu", backend="cpu")
             sizes.append(size)
             sources.append(source)
@@ -519,7 +522,7 @@ def server_command(
         shape.kv_type,
     ]
     counts = list(layout.counts)
-    if gpus and gpus[0].backend == "cpu":  # this CPU leads: its layers are the ones not offloaded
+    if gpus and gpus[0].lead:  # this CPU leads: its layers are the ones not offloaded
         gpus, counts = gpus[1:], counts[1:]
     remote = [g for g in gpus if g.remote]
     if remote:

@@ -159,7 +159,7 @@ def _assemble(
     shape = layout.shape
     swa_full = shape.swa_full_for(info)
     per_layer = {la: len(gs) for la, gs in pieces.groups.items()}
-    lead = bool(gpus) and gpus[0].backend == "cpu"  # this CPU holds the first layers
+    lead = bool(gpus) and gpus[0].lead  # this CPU holds the first layers
     devices = []
     for i, gpu in enumerate(gpus):
         r = layer_ranges(layout.counts)[i]
@@ -292,7 +292,10 @@ def ordered_devices(devices: Sequence[DeviceBudget], ram_bytes: int) -> list[Dev
     remote = [d for d in devices if d.remote]
     local = [d for d in devices if not d.remote]
     if remote and not local:
-        return [DeviceBudget("CPU", ram_bytes, backend="cpu", description="this machine"), *remote]
+        return [
+            DeviceBudget("CPU", ram_bytes, backend="cpu", description="this machine", lead=True),
+            *remote,
+        ]
     return remote + local
 
 
@@ -430,7 +433,7 @@ def _best(
         )
         pieces = tensor_pieces(info, shape)
         caps_ub, ram_ub = list(caps), ram_cap
-        if devices and devices[0].backend == "cpu":  # RAM is shared by the CPU's layers
+        if devices and devices[0].lead:  # RAM is shared by the CPU's layers
             host_share = pieces.input_bytes + compute_bytes(info, shape, "host_all")[0]
             host_share += (info.vocab_size or 0) * 4 * n_seq_max
             caps_ub[0], ram_ub = ram_cap - host_share, host_share
