@@ -46,3 +46,13 @@ def stoke_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_buffer_verdi
         cache.mkdir(parents=True, mode=0o700)
         shutil.copy2(cpu_buffer_verdict, cache / VERDICT_FILE)
     return home
+
+
+@pytest.fixture
+def unbudgeted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Speculation without its loss budget: every draft length the odds choose is verified.
+    For tests of exactness with drafts that rarely pay (the budget, rightly, would stop them;
+    its own test is in tests/unit/test_speculate.py)."""
+    from app.engine import speculate
+
+    monkeypatch.setattr(speculate.Budget, "affordable", lambda self, k, *_: k)

@@ -5,16 +5,19 @@ One process, side by side: the same engine class loaded on the same model once p
 each asked for the same greedy replies in turn, repetition by repetition, so a noisy machine
 slows them all alike.
 Three replies: (a) a code edit, where the reply rewrites a ~400-token code block from the
-prompt with small changes (its start given, as an agent's edit continues: the reply is the
-block again with one name changed), (b) an ordinary chat answer, (c) a summary of a long
-attachment. Decode tok/s is the engine's own (after the first token), median over the
-repetitions; each speculative reply must be token for token plain decoding's in its own
-context (greedy): on llama.cpp that is the "exact" row's, plain decoding with the speculative
-context's flash attention and q8_0 KV, beside "off", the default context. Prints a table and
-writes JSON.
+prompt with small changes (an ordinary module, a settings class, and the request to rename
+the class: the default model writes the module out again with a blank line dropped, keeping
+the old name), (b) an ordinary chat answer, (c) a summary of a long attachment.
+Decode tok/s is the engine's own (after the first token), median over the repetitions;
+each speculative reply must be token for token one that plain decoding gives in its own
+context (greedy; with 16- or 32-bit weights plain decoding itself can give more than one):
+on llama.cpp that is the "exact" row's, plain decoding with the speculative context's flash
+attention and q8_0 K, beside "off", the default context. Prints a table and writes JSON.
 
 The draft model is `--draft PATH`, else the model's first two blocks written to a temporary
 file (`app/models/truncated_gguf.py`): smaller than its target, as a draft must be to pay.
+`--weights bf16` benches a copy of the model with BF16 weights (`engine/llamacpp/quantize.py`),
+whose batches llamafile's sgemm takes, where a Q4_1 batch costs nearly its tokens' decodes.
 """
 
 from __future__ import annotations
@@ -28,36 +31,74 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.kv import machine, paragraph
+from app.engine.llamacpp.quantize import WEIGHT_TYPES, requantize
 from app.engine.protocol import GenerationStats, LoadOptions, SamplingParams, TokenEvent
 
 METHODS = ("off", "lookup", "draft")
 EXACT = "exact"  # llama.cpp: plain decoding in the speculative context (see _options)
 N_CTX = 4096
-FUNCTIONS = [
-    ("parse_header", "line", "line.split(':', 1)"),
-    ("normalise_path", "path", "path.strip().rstrip('/')"),
-    ("count_words", "text", "len(text.split())"),
-    ("clamp_value", "value", "max(0, min(value, 100))"),
-    ("first_digit", "text", "next((c for c in text if c.isdigit()), None)"),
-    ("scale_items", "items", "[item * 2 for item in items]"),
-    ("join_names", "names", "', '.join(sorted(names))"),
-    ("is_blank", "text", "not text or text.isspace()"),
-    ("mean_of", "values", "sum(values) / max(len(values), 1)"),
-    ("tail_lines", "text", "text.splitlines()[-5:]"),
-    ("parse_flag", "value", "value.lower() in ('1', 'true', 'yes')"),
-    ("pad_left", "text", "text.rjust(12, '0')"),
-]
+MODULE = '''import json
+import os
 
 
-def code_block() -> str:
-    """About 400 tokens of plain Python: small functions, each keeping its result in `total`."""
-    return "\n\n".join(
-        f"def {name}({arg}):\n"
-        f'    """Return the {name.replace("_", " ")} of {arg}."""\n'
-        f"    total = {body}\n"
-        f"    return total"
-        for name, arg, body in FUNCTIONS
-    )
+class Settings:
+    """Application settings kept in a JSON file next to the user's data."""
+
+    def __init__(self, path):
+        self.path = path
+        self.values = {}
+
+    def load(self):
+        if not os.path.exists(self.path):
+            return
+        with open(self.path, "r", encoding="utf-8") as handle:
+            self.values = json.load(handle)
+
+    def save(self):
+        folder = os.path.dirname(self.path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        with open(self.path, "w", encoding="utf-8") as handle:
+            json.dump(self.values, handle, indent=2)
+
+    def get(self, key, default=None):
+        return self.values.get(key, default)
+
+    def set(self, key, value):
+        self.values[key] = value
+
+    def remove(self, key):
+        if key in self.values:
+            del self.values[key]
+
+    def keys(self):
+        return sorted(self.values)
+
+    def update(self, other):
+        for key, value in other.items():
+            self.values[key] = value
+
+    def clear(self):
+        self.values = {}
+
+
+def load_settings(path):
+    settings = Settings(path)
+    settings.load()
+    return settings
+
+
+def main():
+    settings = load_settings("settings.json")
+    settings.set("theme", "dark")
+    settings.set("font_size", 12)
+    settings.save()
+    print(settings.keys())
+
+
+if __name__ == "__main__":
+    main()
+'''  # about 390 tokens of ordinary Python, as an agent's file read would bring
 
 
 def chatml(user: str, assistant_start: str = "") -> str:
@@ -66,10 +107,9 @@ def chatml(user: str, assistant_start: str = "") -> str:
 
 def scenarios() -> dict[str, tuple[str, int]]:
     """Each reply's prompt (ChatML, the default model's template) and its max tokens."""
-    code = code_block()
     edit = (
-        "Rename the variable `total` to `result` in every function of this module, and "
-        f"change nothing else:\n\n```python\n{code}\n```"
+        "Rename the class `Settings` to `Config` in this module, and change nothing else:"
+        f"\n\n```python\n{MODULE}```"
     )
     attachment = " ".join(paragraph(topic, 8) for topic in ("harbours", "glaciers", "orchards"))
     return {
@@ -101,7 +141,7 @@ def _reply(engine: Any, prompt: list[int], max_tokens: int, slot: str) -> tuple[
 
 def _options(engine: str, model: str, draft: str) -> dict[str, LoadOptions]:
     """Each method's load. On llama.cpp a speculative context gets flash attention over a
-    q8_0 KV (its verify batches then equal one-token decodes), so "exact" is plain decoding
+    q8_0 K (its verify batches then equal one-token decodes), so "exact" is plain decoding
     in that context, the reply every speculative one must equal; "off" is the user's plain
     context, the speed they compare with."""
     loads = {
@@ -117,7 +157,9 @@ def _options(engine: str, model: str, draft: str) -> dict[str, LoadOptions]:
     return loads
 
 
-def run_bench(model: str, draft: str, engine: str, reps: int) -> dict[str, Any]:
+def run_bench(
+    model: str, draft: str, engine: str, reps: int, only: list[str] | None = None
+) -> dict[str, Any]:
     runtime = _engine_class(engine)
     engines = {}
     for method, options in _options(engine, model, draft).items():
@@ -126,13 +168,15 @@ def run_bench(model: str, draft: str, engine: str, reps: int) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
     try:
         for name, (text, max_tokens) in scenarios().items():
+            if only and name not in only:
+                continue
             prompt = engines["off"].tokenize(text, special=True)
             runs: dict[str, list[dict[str, Any]]] = {m: [] for m in engines}
-            replies: dict[str, list[int]] = {}
+            replies: dict[str, list[list[int]]] = {m: [] for m in engines}
             for rep in range(reps + 1):  # the first round warms each engine up, untimed
                 for method in engines:
                     tokens, stats = _reply(engines[method], prompt, max_tokens, name)
-                    replies.setdefault(method, tokens)
+                    replies[method].append(tokens)
                     if rep:
                         runs[method].append(
                             {
@@ -150,13 +194,19 @@ def run_bench(model: str, draft: str, engine: str, reps: int) -> dict[str, Any]:
 
 
 def _summary(
-    prompt: list[int], runs: dict[str, list[dict[str, Any]]], replies: dict[str, list[int]]
+    prompt: list[int], runs: dict[str, list[dict[str, Any]]], replies: dict[str, list[list[int]]]
 ) -> dict[str, Any]:
+    """Medians and counts per method; `same_tokens`: every speculative reply is one that plain
+    decoding gave. With quantized weights on a CPU plain decoding gives one reply whatever
+    the cache held; with 16- or 32-bit weights its reply can change with how the KV was
+    written (a prompt prefilled in a batch or found cached), so `plain_replies` says how many
+    different replies it gave across the repetitions."""
     base = statistics.median(r["decode_tok_s"] for r in runs["off"])
-    plain = replies.get(EXACT, replies["off"])
+    plain = {tuple(r) for r in replies.get(EXACT, replies["off"])}
     out: dict[str, Any] = {
         "prompt_tokens": len(prompt),
-        "same_tokens": all(replies[m] == plain for m in ("lookup", "draft")),
+        "same_tokens": all(tuple(r) in plain for m in ("lookup", "draft") for r in replies[m]),
+        "plain_replies": len(plain),
         "methods": {},
     }
     for method, rows in runs.items():
@@ -207,6 +257,12 @@ def render(report: dict[str, Any]) -> str:
                 f"{row['accepted_tokens']:6d} {acceptance:>10}"
             )
     lines.append("")
+    lines += [
+        f"note  {name}: plain decoding gave {result['plain_replies']} different replies to the "
+        "same prompt (batched and one-token kernels round 16/32-bit weights differently)"
+        for name, result in report["results"].items()
+        if result["plain_replies"] > 1
+    ]
     lines += [f"{'PASS' if ok else 'FAIL'}  {name}" for name, ok in report["targets"].items()]
     return "\n".join(lines)
 
@@ -218,6 +274,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft", metavar="PATH", help="draft model (default: 2-block cut)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (median)")
     parser.add_argument("--engine", choices=("llama.cpp", "mlx"), default="llama.cpp")
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHT_TYPES,
+        help="bench a copy of the model with these weight types (and a draft cut from it)",
+    )
+    parser.add_argument("--only", nargs="+", choices=tuple(scenarios()), help="these replies only")
     parser.set_defaults(run=main)
 
 
@@ -227,8 +289,11 @@ def main(args: argparse.Namespace) -> int:
 
     model = args.model or str(default_model_path())
     with tempfile.TemporaryDirectory(prefix="stoke-bench-decode-") as folder:
+        if args.weights:
+            copy = Path(folder) / f"{Path(model).stem}.{args.weights}.gguf"
+            model = str(requantize(Path(model), copy, args.weights))
         draft = args.draft or str(write_truncated(Path(model), Path(folder) / "draft.gguf", 2))
-        results = run_bench(model, draft, args.engine, args.reps)
+        results = run_bench(model, draft, args.engine, args.reps, args.only)
     report = {
         "benchmark": "decode",
         "engine": args.engine,

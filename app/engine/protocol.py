@@ -107,6 +107,9 @@ class LoadOptions:
     # a smaller model of the same tokenizer (its path), or None.
     speculation: str = "auto"
     draft_model: str | None = None
+    # llama.cpp: the attention a speculative context gets (batches equal one-token decodes,
+    # engine/llamacpp/backend.py exact_attention) with speculation off: its plain twin.
+    exact_batches: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ are kept, decayed as the reply goes. Each step takes the draft length with the m
 expected tokens per second, and decodes plainly when none beats one token per plain forward.
 A free drafter (prompt lookup) is still scored while it is off, so it comes back when the
 reply starts repeating; a costly one is retried after a back-off that doubles each time.
+Expectations can be wrong (a first guess right, the rest of the draft not; a verify wasted on
+a near tie), so a `Budget` bounds what they may cost: a verify runs only when its worst case
+still leaves the reply within LOSS_BUDGET of plain decoding's time, counting what earlier
+verifies saved or lost.
 
 Speculation stays off where the verify batch cannot give what sampling needs: a grammar (the
 constraint's state advances token by token), repetition penalties (they depend on every
@@ -47,6 +51,7 @@ PRIOR_KEPT, PRIOR_SEEN = 1.0, 2.0  # a drafter starts believed right half the ti
 BACKOFF_START, BACKOFF_MAX = 8, 256  # plain tokens before a costly drafter is tried again
 MARGIN = 1.03  # expected gain a verify must promise over plain decoding
 TIE_MARGIN = 2.0  # logits: a verify row's top two closer than this are re-decoded alone
+LOSS_BUDGET = 0.04  # of plain decoding's time for the tokens so far: what speculation may lose
 
 
 def speculates(sampling: SamplingParams) -> bool:
@@ -79,6 +84,37 @@ class Pace:
             return low + (high - low) * (n - below) / (above - below)
         slope = (self._seconds[below] - one) / (below - 1) if below > 1 else 0.05 * one
         return self._seconds[below] + max(slope, 0.0) * (n - below)
+
+
+@dataclass
+class Budget:
+    """Item 5's promise kept by accounting rather than by expectation: the seconds this
+    reply's verifies saved against plain decoding (negative: lost) and the tokens it has
+    handed out. A verify runs only when, even if it hands out nothing but what a plain step
+    would, the loss stays within one plain forward plus LOSS_BUDGET of what plain decoding
+    spent on the reply so far; so however its drafts fare a reply is at most that much
+    slower than plain decoding, and the verifies that pay earn the room for more. (Costs are
+    the `Pace`'s: a batch size never run before is estimated, and measured once it has.)"""
+
+    saved: float = 0.0
+    handed: int = 0
+
+    def affordable(self, k: int, pace: Pace, draft_s: float, exact: bool) -> int:
+        """The longest draft up to `k` whose worst case fits (0: decode plainly). The worst
+        case hands out the target's own token alone, or, where verify rows are not trusted
+        whole (`Decoder._trusted`), nothing: its first row was a near tie."""
+        one = pace.seconds(1)
+        if one is None:
+            return 0
+        room = self.saved + (1 + int(exact) + LOSS_BUDGET * self.handed) * one
+        while k > 0 and (pace.seconds(k + 1) or 0.0) + draft_s * k > room:
+            k -= 1
+        return k
+
+    def settle(self, produced: int, seconds: float, pace: Pace) -> None:
+        """A verify that took `seconds` and handed out `produced` tokens, each of which a plain
+        step would have taken one forward for."""
+        self.saved += produced * (pace.seconds(1) or 0.0) - seconds
 
 
 @dataclass
@@ -131,6 +167,7 @@ class Decoder:
     drafters: Sequence[Drafter] = ()
     pace: Pace = field(default_factory=Pace)
     counts: Counts = field(default_factory=Counts)
+    budget: Budget = field(default_factory=Budget)
 
     def __post_init__(self) -> None:
         self._pending: int | None = None
@@ -151,9 +188,16 @@ class Decoder:
         room = min(room, self.engine._n_ctx - len(history))
         if room <= 0:
             return [], False
+        tokens, ended = self._step(slot, history, room)
+        self.budget.handed += len(tokens)
+        return tokens, ended
+
+    def _step(self, slot: Slot, history: list[int], room: int) -> tuple[list[int], bool]:
         guesses: list[tuple[_Odds, int]] = []  # drafts scored against the plain token
         for odds in self._odds:
-            k = odds.length(self.pace, room)
+            k = self.budget.affordable(
+                odds.length(self.pace, room), self.pace, odds.draft_s, self._exact()
+            )
             if k == 0 and not odds.drafter.free:
                 if odds.wait > 0:
                     odds.wait -= 1
@@ -234,7 +278,10 @@ class Decoder:
             if i == len(drafts) or token != drafts[i]:
                 break
             kept, token = kept + 1, None
-        self.pace.observe(len(batch), time.perf_counter() - started)
+        spent = time.perf_counter() - started
+        self.pace.observe(len(batch), spent)
+        spent += odds.draft_s * len(drafts)  # the drafting, timed in `_propose`
+        self.budget.settle(kept + (token is not None), spent, self.pace)
         self.counts.drafted += len(drafts)
         self.counts.accepted += kept
         odds.observe(kept + len(out), kept < len(drafts))
@@ -261,11 +308,15 @@ class Decoder:
             self.engine._clear(slot, len(slot.tokens) - cut)
         return tokens, bool(ends)
 
+    def _exact(self) -> bool:
+        """Whether every verify row is trusted (see `_trusted`)."""
+        return self.sampling.temperature > 0 or self.engine._verify_exact
+
     def _trusted(self, logits: np.ndarray) -> bool:
         """Whether a verify row's greedy verdict is the one plain decoding would reach: a
         runtime's batched kernels round differently from its one-token ones (llama.cpp's
         logits moved by up to 0.8 here), so a near tie is left to a one-token decode."""
-        if self.sampling.temperature > 0 or self.engine._verify_exact:
+        if self._exact():
             return True
         z = biased(logits, self.sampling)
         best = int(np.argmax(z))

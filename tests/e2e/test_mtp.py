@@ -1,7 +1,8 @@
 """DeepSeek V4's own MTP head as the drafter, on the real engines and a synthetic scaled
 `deepseek4` GGUF that carries the MTP block: at temperature 0 the reply is token for token
 plain decoding's, the head really drafted (its random weights rarely guess right, so the
-equality is what is proved, with drafts verified on the way), the next turn prefills only
+equality is what is proved, with drafts verified on the way; the loss budget, which would
+rightly stop a head that never pays, is lifted for it), the next turn prefills only
 its new tokens, and on llama.cpp a refused draft is cut from deepseek4's hybrid memory
 exactly (its compressor state rolled back through `n_rs_seq` snapshots).
 
@@ -64,6 +65,7 @@ def _two_turns(engine, path: Path, speculation: str):
 
 
 @pytest.mark.parametrize("runtime", [LlamaCppEngine, MlxEngine])
+@pytest.mark.usefixtures("unbudgeted")
 def test_mtp_reply_is_plain_decoding(mtp_gguf: Path, runtime) -> None:
     _, plain, _ = _two_turns(runtime(), mtp_gguf, "off")
     names, drafted, stats = _two_turns(runtime(), mtp_gguf, "mtp")

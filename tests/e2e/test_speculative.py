@@ -1,7 +1,7 @@
 """Speculative decoding on the real engines and the default model: the drafts are really
 verified, the next turn prefills only its new tokens (so the KV held exactly what was handed
 out), and at temperature 0 each method's reply is token for token plain decoding's in the
-same context (on llama.cpp a speculative context gets flash attention over a q8_0 KV, whose
+same context (on llama.cpp a speculative context gets flash attention over a q8_0 K, whose
 verify batches equal one-token decodes bit for bit: `exact_context` is its plain twin).
 
 The draft model is the default model cut to its first two blocks (`write_truncated`), which
@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.conversations import ConversationStore
 from app.engine.host import EngineClient
-from app.engine.llamacpp.backend import exact_context
+from app.engine.llamacpp.backend import LlamaCppEngine, exact_context
+from app.engine.llamacpp.quantize import requantize
 from app.engine.protocol import FinishReason, LoadOptions
 from app.models.default import default_model_path
 from app.models.truncated_gguf import write_truncated
@@ -82,3 +84,49 @@ def test_speculation_is_exact_and_the_next_turn_prefills_new_tokens_only(
     assert second.stats.prefilled_tokens == second.stats.prompt_tokens - held
     assert first.token_ids == plain_first.token_ids
     assert second.token_ids == plain_second.token_ids
+
+
+def _verify_equals_decodes(engine: LlamaCppEngine, n_prompt: int, n: int) -> bool:
+    """Whether the last `n` of `n_prompt` code tokens give, in one verify batch, the logits
+    bit for bit that `n` one-token decodes give."""
+    prompt = engine.tokenize(CODE * 8, special=False)[:n_prompt]
+    assert len(prompt) == n_prompt
+    engine.prefill(prompt, slot="a")
+    slot = engine._slot("a")
+    engine._clear(slot, n_prompt - n)
+    rows = engine._verify(slot, prompt[-n:])
+    engine._clear(slot, n_prompt - n)
+    singles = []
+    for token in prompt[-n:]:
+        engine._forward(slot, [token], want_logits=True)
+        singles.append(engine._logits(slot))
+    return bool((rows == np.stack(singles)).all())
+
+
+def test_verify_rows_equal_one_token_decodes_past_512_cells(tmp_path: Path) -> None:
+    """The speculative context's promise itself, where a one-token decode over an f16 K
+    would split the cells across threads (512 or more): eight positions evaluated in one
+    verify batch give the logits, bit for bit, that eight one-token decodes give."""
+    engine = LlamaCppEngine()
+    engine.load(LoadOptions(str(default_model_path()), n_ctx=2048, snapshots=False))
+    try:
+        assert _verify_equals_decodes(engine, 900, 8)
+    finally:
+        engine.unload()
+
+
+def test_verify_rows_of_16_bit_weights_are_not_trusted_whole(tmp_path: Path) -> None:
+    """A BF16 copy of the default model: its verify rows are not a decode's (llamafile's
+    sgemm takes the batch), so the engine does not trust them whole and decides near ties
+    by one-token decodes; the default model's Q4_1 ones it trusts."""
+    copy = requantize(default_model_path(), tmp_path / "bf16.gguf", "bf16")
+    trusted = {}
+    for name, path in (("bf16", copy), ("q4_1", default_model_path())):
+        engine = LlamaCppEngine()
+        engine.load(LoadOptions(str(path), n_ctx=2048, snapshots=False))
+        try:
+            trusted[name] = engine._verify_exact
+            assert _verify_equals_decodes(engine, 300, 4) == (name == "q4_1")
+        finally:
+            engine.unload()
+    assert trusted == {"bf16": False, "q4_1": True}

@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from app.engine import speculate
 from app.engine.acceptance import accept, target_probs
 from app.engine.drafting import PromptLookup
 from app.engine.logprobs import NO_SCORES, Scores
@@ -220,6 +222,7 @@ GREEDY_TABLE = np.array(  # logits: after 0, a near tie between 1 and 2
 )
 
 
+@pytest.mark.usefixtures("unbudgeted")
 @pytest.mark.parametrize("skew", [0.0, 0.7])
 def test_greedy_speculation_gives_plain_decodings_tokens_and_exact_kv(skew):
     plain = MarkovEngine("off", GREEDY_TABLE)
@@ -234,8 +237,6 @@ def test_greedy_speculation_gives_plain_decodings_tokens_and_exact_kv(skew):
 
 def test_a_near_tie_in_a_verify_row_would_change_the_reply(monkeypatch):
     """Without the tie rule, the skewed batch flips the near tie: the rule is what holds."""
-    from app.engine import speculate
-
     monkeypatch.setattr(speculate, "TIE_MARGIN", 0.0)
     want, _ = reply(MarkovEngine("off", GREEDY_TABLE), REPEATING, SamplingParams.greedy(), 40)
     got, _ = reply(
@@ -308,3 +309,41 @@ def test_sampled_speculation_keeps_the_target_distribution():
         drafted += stats.drafted_tokens
     assert drafted > len(SEEDS) / 2  # most replies were drafted
     assert total_variation(counts, exact, len(SEEDS)) < 0.04
+
+
+class ClockedEngine(MarkovEngine):
+    """A runtime whose forward of n tokens takes 1 + 0.1 (n - 1) ticks of `clock` (batches
+    are cheap), with a real `Pace` that learns that as it decodes."""
+
+    def __init__(self, speculation: str, table: np.ndarray = TABLE) -> None:
+        super().__init__(speculation, table)
+        self._pace = Pace()
+        self.clock = 0.0
+
+    def _forward(self, slot: _FakeSlot, chunk: list[int], *, want_logits: bool) -> None:
+        self.clock += 1 + 0.1 * (len(chunk) - 1)
+        super()._forward(slot, chunk, want_logits=want_logits)
+
+
+@pytest.mark.parametrize("budgeted", [True, False])
+def test_speculation_that_does_not_pay_costs_at_most_the_loss_budget(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, budgeted: bool
+) -> None:
+    """The reply alternates 1 0 1 0, which lookup drafts right, but the model's row after 0
+    is a near tie (3.0 against 2.5), so every verify whose first row follows a 0 is decided
+    by a one-token decode instead: wasted whole. The drafter's odds recover after each plain
+    step (its guess was right); the budget is what bounds the loss."""
+    if not budgeted:
+        request.getfixturevalue("unbudgeted")
+    prompt = [0, 1, 2] * 12
+    plain, spec = ClockedEngine("off", GREEDY_TABLE), ClockedEngine("lookup", GREEDY_TABLE)
+    monkeypatch.setattr(speculate, "time", SimpleNamespace(perf_counter=lambda: spec.clock))
+    want, _ = reply(plain, prompt, SamplingParams.greedy(), 80)
+    got, _ = reply(spec, prompt, SamplingParams.greedy(), 80)
+    assert got == want and spec.verified
+    prefill = 1 + 0.1 * (len(prompt) - 1)
+    slower = (spec.clock - prefill) / (plain.clock - prefill)
+    if budgeted:  # at most one forward more than the budget
+        assert slower <= 1 + speculate.LOSS_BUDGET + 1 / len(got)
+    else:
+        assert slower > 1.5  # what the drafter's odds alone lose here

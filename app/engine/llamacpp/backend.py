@@ -28,6 +28,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from app.engine.constraint import Constraint, tokenizer_from_vocab
+from app.engine.gguf_info import inspect_gguf
 from app.engine.llamacpp import cpu_buffers, rpc
 from app.engine.llamacpp.handles import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 from app.engine.llamacpp.mtp import LlamaMtpHead, hidden_rows, nextn_api
@@ -198,48 +199,64 @@ def keeps_own_streams(model: llama_cpp.llama_model_p) -> bool:
     return bool(llama_cpp.llama_model_is_hybrid(model) or llama_cpp.llama_model_is_recurrent(model))
 
 
-# A speculative context's KV element type in place of f16/f32 (`exact_attention`).
-EXACT_KV = {"f16": "q8_0", "f32": "q8_0"}
+# A speculative context's K element type in place of f16/f32 (`exact_attention`); V keeps its
+# own, as only K's type picks the attention's path.
+EXACT_K = {"f16": "q8_0", "f32": "q8_0"}
 
 
 def exact_attention(options: LoadOptions, model: LlamaModel) -> bool:
     """Whether a context gets the attention whose verify batches equal one-token decodes bit
-    for bit on a CPU, as a speculative one does (flash attention over a quantized KV):
+    for bit on a CPU, as a speculative one does (flash attention over a quantized K):
     without flash attention ggml hands the attention matmuls of two tokens or more, never of
-    one, to llamafile's sgemm, and with it a one-token decode over an f16 or f32 cache of 512
+    one, to llamafile's sgemm, and with it a one-token decode over an f16 or f32 K of 512
     cells or more splits the cells across threads, while a batch takes each row whole; a
-    quantized cache takes every row whole. Measured on the default model at 1,000 tokens: the
+    quantized K takes every row whole. Measured on the default model at 1,000 tokens: the
     first way, verify logits up to 1.21 off a decode's and the K/V written moving the next
-    decode's by 0.81; the second, 1.35 and 0.79; with a q8_0 cache, 0 and 0. Not in safe mode
-    (no flash attention there), nor for hybrid memories. A split over other devices gets it
-    too, so that its replies stay those of the same model on one machine."""
+    decode's by 0.81; the second, 1.35 and 0.79; with a q8_0 K (V f16 or q8_0), 0 and 0.
+    V stays f16: a q8_0 V made each decode 10-18% slower than the default context at 500 to
+    3,500 tokens (it is dequantized row by row), a q8_0 K with an f16 V 2-9% faster. Not in
+    safe mode (no flash attention there), nor for hybrid memories. A split over other
+    devices gets it too, so that its replies stay those of the same model on one machine."""
     return (
-        options.speculation != "off"
+        (options.speculation != "off" or options.exact_batches)
         and not is_conservative(options)
         and not keeps_own_streams(model.ptr)
     )
 
 
-def verifies_exactly(options: LoadOptions, model: LlamaModel) -> bool:
+def verifies_exactly(options: LoadOptions, model: LlamaModel, path: Path) -> bool:
     """Whether verify rows can be trusted whole (`speculate.py`): the exact attention with
-    every layer on this CPU (GPU kernels and remote devices were not measured)."""
+    every layer on this CPU (GPU kernels and remote devices were not measured) and no
+    matmul over 16- or 32-bit weights (`float_matmuls`)."""
     return (
         exact_attention(options, model)
         and options.n_gpu_layers == 0
         and not options.rpc_servers
         and not options.devices
+        and not float_matmuls(path)
+    )
+
+
+def float_matmuls(path: Path) -> bool:
+    """Whether any matrix the model multiplies by is F32, F16 or BF16: llamafile's sgemm
+    takes those in a batch and ggml's own dot products in a one-token decode, which round
+    differently (the default model's BF16 and F16 copies: verify logits up to 0.29 and 0.14
+    off a decode's; its Q4_1, Q8_0 and Q4_0: 0). The token embedding counts only when it is
+    also the output matrix (no `output.weight`); 1-D tensors are norms and biases."""
+    tensors = inspect_gguf(path).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
+    return any(
+        len(t.shape) > 1
+        and t.ggml_type in ("F32", "F16", "BF16")
+        and (tied or t.name != "token_embd.weight")
+        for t in tensors
     )
 
 
 def exact_context(options: LoadOptions) -> LoadOptions:
     """The options, speculation off, whose context a speculative load of `options` gets on a
     CPU: the plain decoding its replies equal token for token (`exact_attention`)."""
-    return replace(
-        options,
-        speculation="off",
-        flash_attn=True,
-        kv_type=EXACT_KV.get(options.kv_type, options.kv_type),
-    )
+    return replace(options, speculation="off", exact_batches=True)
 
 
 def _context_params(
@@ -265,8 +282,8 @@ def _context_params(
             f"Unknown KV cache type {options.kv_type!r}: use one of {', '.join(KV_TYPES)}."
         )
     exact = exact_attention(options, model)
-    kv_type = EXACT_KV.get(options.kv_type, options.kv_type) if exact else options.kv_type
-    cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
+    k_type = EXACT_K.get(options.kv_type, options.kv_type) if exact else options.kv_type
+    cparams.type_k, cparams.type_v = KV_TYPES[k_type], KV_TYPES[options.kv_type]
     cparams.offload_kqv = options.kv_offload
     threads = options.n_threads or max(os.cpu_count() or 1, 1)
     cparams.n_threads = threads
@@ -381,7 +398,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             stack.enter_context(ctx)
             batch = stack.enter_context(LlamaBatch(options.n_batch))
             self._model, self._ctx, self._batch, self._options = model, ctx, batch, options
-            self._verify_exact = verifies_exactly(options, model)
+            self._verify_exact = verifies_exactly(options, model, path)
             self._vocab = Vocab(model.ptr)
             if cparams.kv_unified:
                 self._pool = llama_cpp.llama_n_ctx(ctx.ptr)

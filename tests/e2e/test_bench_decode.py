@@ -1,0 +1,52 @@
+"""`stoke bench decode`, small, on the real engine: a copy of the default model with other
+weight types is written and benched, every method's row is printed and kept in the JSON, and
+each speculative reply equals plain decoding's. Times are not checked (they are the
+machine's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.engine.llamacpp.quantize import requantize
+from app.engine.protocol import EngineError
+from app.models.default import default_model_path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_decode_chat_on_a_q8_0_copy(tmp_path: Path) -> None:
+    report_path = tmp_path / "decode.json"
+    command = [sys.executable, "-m", "app", "bench", "decode", "--reps", "1", "--only", "chat"]
+    command += ["--weights", "q8_0", "--json", str(report_path)]
+    done = subprocess.run(
+        command, cwd=REPO, env=os.environ.copy(), capture_output=True, text=True, timeout=600
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "Traceback" not in output, output
+    report = json.loads(report_path.read_text("utf-8"))
+    assert report["model"] == "SmolLM2-135M-Instruct.Q4_1.q8_0.gguf"
+    assert set(report["results"]) == {"chat"}
+    chat = report["results"]["chat"]
+    assert set(chat["methods"]) == {"off", "lookup", "draft", "exact"}
+    assert chat["same_tokens"] is True
+    for method, row in chat["methods"].items():
+        assert row["generated_tokens"] > 0
+        assert f"chat       {method}" in done.stdout
+    assert "PASS  chat: each speculative reply is plain decoding's" in done.stdout
+
+
+def test_requantize_writes_a_copy_or_says_why(tmp_path: Path) -> None:
+    source = default_model_path()
+    copy = requantize(source, tmp_path / "copy.gguf", "bf16")
+    assert copy.stat().st_size > source.stat().st_size  # 16-bit weights against 4-bit ones
+    with pytest.raises(EngineError, match="Unknown weight type 'q2'"):
+        requantize(source, tmp_path / "other.gguf", "q2")
+    with pytest.raises(EngineError, match="could not write"):
+        requantize(tmp_path / "missing.gguf", tmp_path / "third.gguf", "bf16")
