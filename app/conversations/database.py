@@ -137,7 +137,8 @@ def translated(path: Path) -> Iterator[None]:
     try:
         yield
     except sqlite3.DatabaseError as error:
-        code = (error.sqlite_errorcode or 0) & 0xFF
+        # The sqlite3 module's own errors (a closed connection) carry no SQLite code.
+        code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
         if code in _LOCKED_CODES:
             raise StoreLockedError(path) from error
         if code in _CORRUPT_CODES:

@@ -88,6 +88,12 @@ class Composer(QWidget):
     def text(self) -> str:
         return self.editor.toPlainText()
 
+    def settled_text(self) -> str:
+        """The text, its pending save taken over by the caller: the pause's timer stops, so
+        it cannot fire later (after the window closed, into a closed store)."""
+        self._settle.stop()
+        return self.text()
+
     def set_draft(self, text: str) -> None:
         """Show a saved draft without treating it as typing."""
         self._loading = True

@@ -212,7 +212,7 @@ class MainWindow(QMainWindow):
         if conversation_id == self.conversation_id:
             return
         if self.conversation_id is not None:
-            self._save_draft(self.composer.text())
+            self._save_draft(self.composer.settled_text())
             self.prewarm.switch_away(self.conversation_id)
         self.conversation_id = conversation_id
         self.banner.leave_conversation(conversation_id)  # its banners stay with it
@@ -644,7 +644,7 @@ class MainWindow(QMainWindow):
             self.open_conversation(conversation.id)
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        self._save_draft(self.composer.text())
+        self._save_draft(self.composer.settled_text())
         self.conversation_settings.flush()  # an edit still waiting out its pause
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("splitter", self.splitter.saveState())

@@ -211,3 +211,16 @@ def test_new_chat_reuses_the_untouched_conversation(harness: Harness):
     harness.act(window.new_conversation)
     assert window.conversation_id == fresh
     assert window.sidebar.list.count() == count
+
+
+def test_closing_saves_the_typed_draft_and_stops_its_pending_save(harness: Harness):
+    """The draft typed just before the window closes is saved by the close itself, and the
+    pause's timer that would have saved it later is stopped: it would fire while the app
+    shuts down, into the closed store."""
+    window = harness.start()
+    conversation = window.conversation_id
+    harness.act(lambda: QTest.keyClicks(window.composer.editor, "Half a thought"))
+    assert window.composer._settle.isActive()
+    window.close()  # as the harness stops it, outside the loop (closing it ends the loop)
+    assert not window.composer._settle.isActive()
+    assert window.store.get_draft(conversation) == "Half a thought"
