@@ -221,6 +221,12 @@ async def _serve(
     except BaseException:
         await server.stop()
         raise
+    # Ctrl+C from here on stops the server as a request would; before, asyncio.run's own
+    # handler cancels the load. Set before "Serving": a script may send it on that line.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     print(f"Serving {server.model_id} at {url}", flush=True)
     if key.source == "keychain":
         print(f"{key.where} `stoke serve --show-key` prints it.", flush=True)
@@ -234,7 +240,6 @@ async def _serve(
             "can use the model.",
             flush=True,
         )
-    stop = asyncio.Event()
     gave_up: list[str] = []
 
     def on_state(state: EngineState, detail: str) -> None:
@@ -243,9 +248,6 @@ async def _serve(
             stop.set()
 
     engine.add_state_listener(on_state)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
     finally:

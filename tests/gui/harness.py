@@ -7,7 +7,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import qasync
-from PySide6.QtCore import QCoreApplication, QEvent, Qt
+from PySide6.QtCore import QCoreApplication, QEvent, Qt, QThreadPool
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
@@ -15,15 +15,37 @@ from app.engine.protocol import LoadOptions
 from app.models.default import default_model_path
 from app.ui.app import open_window, shutdown
 from app.ui.main_window import MainWindow
+from app.ui.models.library_tab import library_pool
 
 TIMEOUT_S = 120
+
+
+class _Loop(qasync.QEventLoop):
+    """qasync's loop, with asyncio's running loop set while its `run_until_complete` processes
+    the Qt events posted meanwhile, after the loop has stopped: without it a background task
+    stepped there (a turn's next token, started by one `act` and awaited by the next `turn`)
+    dies with "no running event loop". The app runs one `run_until_complete` for its whole
+    life; the harness runs many."""
+
+    def run_until_complete(self, future: Any) -> Any:
+        future = asyncio.ensure_future(future, loop=self)
+        future.add_done_callback(lambda _: self.stop())
+        self.run_forever()
+        asyncio.events._set_running_loop(self)
+        try:
+            QCoreApplication.processEvents()
+        finally:
+            asyncio.events._set_running_loop(None)
+        if not future.done():
+            raise RuntimeError("The event loop stopped before the work ended.")
+        return future.result()
 
 
 class Harness:
     """Runs the app's own start-up on a qasync loop and drives it like a user."""
 
     def __init__(self, app: QApplication) -> None:
-        self.loop = qasync.QEventLoop(app, already_running=False)
+        self.loop = _Loop(app, already_running=False)
         asyncio.set_event_loop(self.loop)
         self.window: MainWindow | None = None
         self.session = None
@@ -42,6 +64,11 @@ class Harness:
         if self.window is not None:
             self.window.close()
             self.run(shutdown(self.window, self.session))
+            # Let the scans and probes it started in the background answer it, on the loop,
+            # before it goes: none may run on into the next test.
+            QThreadPool.globalInstance().waitForDone()
+            library_pool().waitForDone()
+            self.run(asyncio.sleep(0))
             # Delete it now, timers and dialogs included: a closed window's timers would
             # still fire into the next test, against a closed store and another loop.
             self.window.deleteLater()

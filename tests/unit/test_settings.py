@@ -119,7 +119,12 @@ def test_serve_starts_on_a_settings_file_with_wrong_types(stoke_home: Path) -> N
         line = process.stdout.readline()
     finally:
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=120)
+        try:
+            _, err = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()  # not left running into the next tests
+            process.communicate()
+            pytest.fail("stoke serve did not stop within 120 s of Ctrl+C")
     assert "Serving" in line, line + err
     assert "Traceback" not in err, err
     assert err.count(str(path)) == 1, err
