@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from app.engine.llamacpp import cpu_buffers
 from app.engine.llamacpp.tools import find_tools
 from app.models.default import default_model_path
 from tests.e2e.test_remote import free_port
@@ -44,7 +45,7 @@ class LlamaServer:
         command = [
             *(str(self.binary), "--model", str(default_model_path())),
             *("--host", "127.0.0.1", "--port", str(self.port), "--ctx-size", str(N_CTX)),
-            *("--threads", "2", "--no-webui", *self.extra),
+            *("--threads", "2", "--no-webui", *cpu_buffers.server_flags(), *self.extra),
         ]
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

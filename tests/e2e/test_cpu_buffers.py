@@ -104,6 +104,13 @@ def test_policies_set_llama_cpp_params():
         cpu_buffers.model_params("fast")
 
 
+def test_llama_server_gets_the_policy_as_its_one_switch():
+    """llama-server can only turn every extra buffer type off (tests/e2e/llama_server.py runs
+    it with these flags: on an AMX machine whose verdict is "no-amx" it died at warm-up)."""
+    assert cpu_buffers.server_flags("all") == []
+    assert cpu_buffers.server_flags("no-amx") == cpu_buffers.server_flags("none") == ["--no-repack"]
+
+
 def test_llama_helper_loads_with_the_verdict(model_path):
     """The one helper tests and benchmarks use instead of llama_cpp.Llama's raw defaults."""
     seen = []

@@ -12,9 +12,10 @@ the first policy that runs and agrees is the verdict, cached by CPU and llama.cp
 - "none": plain CPU buffers (`use_extra_bufts = False`)
 
 Everything that loads weights with llama.cpp asks `model_params` (the engine, tests and
-benchmarks) or `llama` (llama-cpp-python's high-level class), so no caller ever runs llama.cpp's
-raw defaults. Dropping AMX alone edits llama.cpp's own table of extra buffer types in this
-process (it has no switch for one type; it reads the table again at every load).
+benchmarks), `llama` (llama-cpp-python's high-level class) or `server_flags` (a llama-server
+process), so no caller ever runs llama.cpp's raw defaults. Dropping AMX alone edits llama.cpp's
+own table of extra buffer types in this process (it has no switch for one type; it reads the
+table again at every load).
 """
 
 from __future__ import annotations
@@ -111,6 +112,12 @@ def apply(policy: str, params: llama_cpp.llama_model_params) -> None:
     extra = _extra_types()
     if extra is not None:
         extra.allow(frozenset({"AMX"}) if policy == "no-amx" else frozenset())
+
+
+def server_flags(policy: str = "auto") -> list[str]:
+    """llama-server's flags for `policy`: it has one switch, `--no-repack` (no extra buffer
+    types at all), so anything short of "all" turns off CPU_REPACK with AMX there."""
+    return [] if resolve(policy) == "all" else ["--no-repack"]
 
 
 def resolve(policy: str = "auto") -> str:
