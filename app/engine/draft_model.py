@@ -91,6 +91,9 @@ class DraftModel:
             logits = engine._verify(held, [token])[0]
         return drafts
 
+    def band(self) -> int:
+        return 0
+
     def close(self) -> None:
         self._engine.unload()
 

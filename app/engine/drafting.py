@@ -9,6 +9,10 @@ are a good guess (the "n-gram" or prompt lookup decoding of llama.cpp and vLLM).
 matching suffix wins, so a line that recurs in the code is told apart by what came before it.
 An edit that renames as it copies breaks every n-gram at the new name, so a last token that
 the copy does not have is read as a substitution and the copy resumes after the old one.
+How long the match behind a guess is says how far to trust it: in a copy the last dozen
+tokens or more recur and the next ones do too, while two or three recurring tokens in prose
+(a name, "the JSON file") are a weak bet. So each proposal comes with its `band`, and the
+decoder keeps a drafter's odds per band (`speculate.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ MIN_NGRAM = 2  # a single repeated token says too little to bet a batch on
 MAX_NGRAM = 24  # long enough to tell apart the copies of a line that recurs in code
 SUBSTITUTION_LEAD = 4  # how much longer the match before the last token must be to skip it
 KEPT_INDEXES = 8  # conversations whose token buffer is kept between requests
+BANDS = (4, 12)  # match lengths from which a lookup's guess is a stronger bet (band 1, 2)
 
 
 class Drafter(Protocol):
@@ -33,6 +38,11 @@ class Drafter(Protocol):
     free: bool  # proposing runs no model, so it can be scored while speculation is off
 
     def propose(self, slot: str, history: Sequence[int], k: int) -> list[int]: ...
+
+    def band(self) -> int:
+        """Which of its records the last proposal's odds are kept in (0 for a drafter whose
+        guesses are all one kind of bet)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -57,19 +67,20 @@ class _Tokens:
         self.buf[self.n : self.n + len(new)] = new
         self.n += len(new)
 
-    def lookup(self, k: int) -> list[int]:
+    def lookup(self, k: int) -> tuple[list[int], int]:
         """What followed the earlier occurrence that matches the longest suffix (at least
-        MIN_NGRAM tokens; the latest of equals). When the suffix before the last token
-        matches much further back, the last token is read as a substitution (an edit that
-        renames as it copies) and the copy resumes one token past that match."""
+        MIN_NGRAM tokens; the latest of equals), and that match's length. When the suffix
+        before the last token matches much further back, the last token is read as a
+        substitution (an edit that renames as it copies) and the copy resumes one token past
+        that match."""
         n = self.n
         exact, at = self._longest(n - 1)
         skipped, skip_at = self._longest(n - 2)
         if skipped >= exact + SUBSTITUTION_LEAD and skip_at + 2 < n:
-            at = skip_at + 1  # the source's token replaced by the last one
+            at, exact = skip_at + 1, skipped  # the source's token replaced by the last one
         elif exact < MIN_NGRAM:
-            return []
-        return self.buf[at + 1 : min(at + 1 + k, n)].tolist()
+            return [], 0
+        return self.buf[at + 1 : min(at + 1 + k, n)].tolist(), exact
 
     def _longest(self, end: int) -> tuple[int, int]:
         """The longest match of the tokens up to `end` (inclusive) ending earlier, and where
@@ -99,6 +110,7 @@ class PromptLookup:
 
     def __init__(self) -> None:
         self._tokens: OrderedDict[str, _Tokens] = OrderedDict()
+        self._band = 0
 
     def propose(self, slot: str, history: Sequence[int], k: int) -> list[int]:
         held = self._tokens.get(slot)
@@ -109,7 +121,14 @@ class PromptLookup:
                 self._tokens.popitem(last=False)
         self._tokens.move_to_end(slot)
         held.extend(history)
-        return held.lookup(k)
+        drafts, matched = held.lookup(k)
+        self._band = sum(matched >= edge for edge in BANDS)
+        return drafts
+
+    def band(self) -> int:
+        """0, 1 or 2: the last guess's match was shorter than 4 tokens, shorter than 12, or
+        longer (BANDS)."""
+        return self._band
 
     def close(self) -> None:
         self._tokens.clear()

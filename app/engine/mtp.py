@@ -187,6 +187,9 @@ class MtpDrafter:
             return None
         return entries
 
+    def band(self) -> int:
+        return 0
+
     def close(self) -> None:
         self._engine._keep_hidden = 0
         self._entries.clear()

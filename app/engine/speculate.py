@@ -14,8 +14,10 @@ logits are within TIE_MARGIN of each other decides nothing; its token is decoded
 
 When it pays is measured, not assumed (`Pace`): the seconds of a forward of n tokens, kept
 for the engine's life, and per drafter the drafting seconds and the rate at which its tokens
-are kept, decayed as the reply goes. Each step takes the draft length with the most
-expected tokens per second, and decodes plainly when none beats one token per plain forward.
+are kept, decayed as the reply goes, kept apart for each kind of bet it makes (a prompt
+lookup's long matches from its short ones: `Drafter.band`). Each step takes the draft length
+with the most expected tokens per second, and decodes plainly when none beats one token per
+plain forward.
 A free drafter (prompt lookup) is still scored while it is off, so it comes back when the
 reply starts repeating; a costly one is retried after a back-off that doubles each time.
 Expectations can be wrong (a first guess right, the rest of the draft not; a verify wasted on
@@ -171,7 +173,8 @@ class Decoder:
 
     def __post_init__(self) -> None:
         self._pending: int | None = None
-        self._odds = [_Odds(d) for d in self.drafters] if speculates(self.sampling) else []
+        self._drafters = list(self.drafters) if speculates(self.sampling) else []
+        self._odds: dict[tuple[int, int], _Odds] = {}  # per (drafter, band)
         seed = self.sampling.seed
         # Its own stream: never the runtime sampler's numbers again (a shared seed would tie
         # the acceptance draws to the plain draws and bias both).
@@ -194,21 +197,29 @@ class Decoder:
 
     def _step(self, slot: Slot, history: list[int], room: int) -> tuple[list[int], bool]:
         guesses: list[tuple[_Odds, int]] = []  # drafts scored against the plain token
-        for odds in self._odds:
-            k = self.budget.affordable(
-                odds.length(self.pace, room), self.pace, odds.draft_s, self._exact()
-            )
-            if k == 0 and not odds.drafter.free:
-                if odds.wait > 0:
-                    odds.wait -= 1
-                    continue
-                odds.wait, odds.backoff = odds.backoff, min(odds.backoff * 2, BACKOFF_MAX)
-            drafts = self._propose(odds, history, max(k, 1))
+        exact = self._exact()
+        for index, drafter in enumerate(self._drafters):
+            if drafter.free:  # proposing costs nothing: its band picks the odds to go by
+                drafts = drafter.propose(self.name, history, MAX_DRAFT.get(drafter.name, 8))
+                odds = self._record(index, drafter.band())
+                k = min(odds.length(self.pace, room), len(drafts))
+                k = self.budget.affordable(k, self.pace, 0.0, exact)
+            else:
+                odds = self._record(index, 0)
+                k = self.budget.affordable(
+                    odds.length(self.pace, room), self.pace, odds.draft_s, exact
+                )
+                if k == 0:
+                    if odds.wait > 0:
+                        odds.wait -= 1
+                        continue
+                    odds.wait, odds.backoff = odds.backoff, min(odds.backoff * 2, BACKOFF_MAX)
+                drafts = self._propose(odds, history, max(k, 1))
             if drafts and k > 0:
                 try:
                     out, ended = self._speculate(slot, odds, drafts[:k])
                 except ContextOverflowError:  # no cells for the batch: decode plainly
-                    self._odds = []
+                    self._drafters = []
                     break
                 if out or ended:  # else its first row was a near tie: decode it alone
                     return out, ended
@@ -220,6 +231,13 @@ class Decoder:
             right = tokens[:1] == [guess]
             odds.observe(int(right), not right)
         return tokens, ended
+
+    def _record(self, index: int, band: int) -> _Odds:
+        """The odds of the drafter at `index` for proposals of `band` (`Drafter.band`)."""
+        key = (index, band)
+        if key not in self._odds:
+            self._odds[key] = _Odds(self._drafters[index])
+        return self._odds[key]
 
     def _propose(self, odds: _Odds, history: Sequence[int], k: int) -> list[int]:
         started = time.perf_counter()

@@ -89,6 +89,18 @@ def test_prompt_lookup_resumes_the_copy_after_a_renamed_token():
     assert lookup.propose("b", [*source, 8, 9, result], 3) == []
 
 
+def test_a_guess_is_banded_by_the_length_of_its_match():
+    """A copy's guesses (the last 12 tokens or more recur) are a different bet from a
+    name's: the decoder keeps their odds apart (Drafter.band)."""
+    copy = list(range(10, 40))
+    lookup = PromptLookup()
+    for name, copied, band in (("a", 14, 2), ("b", 6, 1), ("c", 2, 0)):
+        assert lookup.propose(name, [*copy, 1, *copy[:copied]], 3) == copy[copied : copied + 3]
+        assert lookup.band() == band
+    lookup.propose("d", [*copy, 1, 2], 3)
+    assert lookup.band() == 0  # no match
+
+
 # -- the decoder over a tiny Markov model ---------------------------------------------------
 
 VOCAB = 4
