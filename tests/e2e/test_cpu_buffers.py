@@ -57,6 +57,9 @@ def test_verdict_is_probed_once_then_cached(unprobed: Path):
     first = _doctor(unprobed)
     assert first["source"] == "probe" and first["policy"] in cpu_buffers.POLICIES
     assert first["reason"] and first["trials"]["none"] == "ran"
+    # the attention probe timed both V types (which one wins is this CPU's)
+    assert first["exact_v"] in cpu_buffers.V_TYPES
+    assert "f16 V" in first["exact_v_reason"] and "q8_0 V" in first["exact_v_reason"]
     cache = unprobed / "cache" / VERDICT_FILE
     assert cache.stat().st_mode & 0o777 == 0o600
     before = cache.stat()
@@ -94,6 +97,29 @@ def test_a_probe_that_cannot_run_is_not_cached(unprobed, monkeypatch):
         pytest.skip("this llama.cpp build offers no extra CPU buffer types: nothing to probe")
     assert verdict.policy == "none" and verdict.source == "probe failed"
     assert "could not run" in verdict.reason and not cache.exists()
+
+
+def test_the_exact_attention_keeps_the_faster_v_by_a_margin():
+    assert cpu_buffers.faster_v({"f16": 0.93e-3, "q8_0": 0.46e-3}) == "q8_0"  # an Intel Xeon
+    assert cpu_buffers.faster_v({"f16": 0.50e-3, "q8_0": 0.58e-3}) == "f16"
+    assert cpu_buffers.faster_v({"f16": 0.50e-3, "q8_0": 0.48e-3}) == "f16"  # within the margin
+
+
+def test_a_verdict_cached_without_the_v_type_is_probed_again(unprobed: Path):
+    """A cache written before the attention probe existed (format 1) is not trusted."""
+    cache = unprobed / "cache" / VERDICT_FILE
+    key = cpu_buffers._key_hash(cpu_buffers.machine_key())
+    old = {"policy": "all", "reason": "old", "extra_types": [], "trials": {}, "key": key}
+    cache.write_text(json.dumps({"format": 1, "verdicts": {key: old}}))
+    verdict = cpu_buffers.machine_verdict(cache=cache)
+    assert verdict.source == "probe" and verdict.exact_v in cpu_buffers.V_TYPES
+    assert json.loads(cache.read_text())["verdicts"][key]["exact_v"] == verdict.exact_v
+
+
+def test_an_attention_probe_that_crashes_keeps_an_f16_v(monkeypatch):
+    monkeypatch.setenv(CRASH_ENV, "attention")
+    crashed = "the attention probe crashed (killed by SIGSEGV)"
+    assert cpu_buffers._exact_v("none") == ("f16", crashed)
 
 
 def test_policies_set_llama_cpp_params():

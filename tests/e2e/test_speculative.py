@@ -18,9 +18,16 @@ import pytest
 
 from app.conversations import ConversationStore
 from app.engine.host import EngineClient
-from app.engine.llamacpp.backend import LlamaCppEngine, exact_context
+from app.engine.llamacpp import cpu_buffers
+from app.engine.llamacpp.backend import KV_TYPES, LlamaCppEngine, exact_context
 from app.engine.llamacpp.quantize import requantize
-from app.engine.protocol import FinishReason, LoadOptions
+from app.engine.protocol import (
+    FinishReason,
+    GenerationStats,
+    LoadOptions,
+    SamplingParams,
+    TokenEvent,
+)
 from app.models.default import default_model_path
 from app.models.truncated_gguf import write_truncated
 from app.session import ChatSession
@@ -103,14 +110,59 @@ def _verify_equals_decodes(engine: LlamaCppEngine, n_prompt: int, n: int) -> boo
     return bool((rows == np.stack(singles)).all())
 
 
-def test_verify_rows_equal_one_token_decodes_past_512_cells(tmp_path: Path) -> None:
+@pytest.fixture(params=cpu_buffers.V_TYPES)
+def exact_v(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each V type the exact attention may keep, whichever this CPU's verdict chose."""
+    verdict = replace(cpu_buffers.machine_verdict(), exact_v=request.param)
+    monkeypatch.setattr(cpu_buffers, "machine_verdict", lambda **_: verdict)
+    return request.param
+
+
+def test_verify_rows_equal_one_token_decodes_past_512_cells(exact_v: str) -> None:
     """The speculative context's promise itself, where a one-token decode over an f16 K
     would split the cells across threads (512 or more): eight positions evaluated in one
-    verify batch give the logits, bit for bit, that eight one-token decodes give."""
+    verify batch give the logits, bit for bit, that eight one-token decodes give, with the
+    V type either CPU's verdict keeps."""
     engine = LlamaCppEngine()
     engine.load(LoadOptions(str(default_model_path()), n_ctx=2048, snapshots=False))
     try:
+        assert engine._cparams.type_v == KV_TYPES[exact_v]
+        assert engine._cparams.type_k == KV_TYPES["q8_0"]
         assert _verify_equals_decodes(engine, 900, 8)
+    finally:
+        engine.unload()
+
+
+def _greedy(options: LoadOptions, prompt: str) -> tuple[list[int], int]:
+    engine = LlamaCppEngine()
+    engine.load(options)
+    try:
+        tokens, drafted = [], 0
+        ids = engine.tokenize(prompt, special=True)
+        for event in engine.generate(ids, SamplingParams.greedy(), 120, slot="a"):
+            if isinstance(event, TokenEvent):
+                tokens.append(event.token_id)
+            elif isinstance(event, GenerationStats):
+                drafted = event.drafted_tokens
+        return tokens, drafted
+    finally:
+        engine.unload()
+
+
+def test_lookup_equals_plain_decoding_with_either_v_type(exact_v: str, unbudgeted: None) -> None:
+    """A CPU whose verdict keeps the other V type gets the same promise: the code edit decoded
+    speculatively is the exact context's plain reply token for token."""
+    spec = LoadOptions(str(default_model_path()), n_ctx=2048, speculation="lookup")
+    plain, _ = _greedy(exact_context(spec), EDIT)
+    reply, drafted = _greedy(spec, EDIT)
+    assert drafted > 0 and reply == plain
+
+
+def test_a_plain_context_keeps_the_v_type_asked_for(exact_v: str) -> None:
+    engine = LlamaCppEngine()
+    engine.load(LoadOptions(str(default_model_path()), n_ctx=512, speculation="off"))
+    try:
+        assert (engine._cparams.type_k, engine._cparams.type_v) == (KV_TYPES["f16"],) * 2
     finally:
         engine.unload()
 

@@ -214,9 +214,11 @@ def exact_attention(options: LoadOptions, model: LlamaModel) -> bool:
     first way, verify logits up to 1.21 off a decode's and the K/V written moving the next
     decode's by 0.81; the second, 1.35 and 0.79; with a q8_0 K (V f16 or q8_0), 0 and 0.
     V stays f16: a q8_0 V made each decode 10-18% slower than the default context at 500 to
-    3,500 tokens (it is dequantized row by row), a q8_0 K with an f16 V 2-9% faster. Not in
-    safe mode (no flash attention there), nor for hybrid memories. A split over other
-    devices gets it too, so that its replies stay those of the same model on one machine."""
+    3,500 tokens (it is dequantized row by row), a q8_0 K with an f16 V 2-9% faster; on an
+    Intel Xeon the other way round, so on a CPU the V type is this machine's measured verdict
+    (`exact_v_type`). Not in safe mode (no flash attention there), nor for hybrid memories. A
+    split over other devices gets it too, so that its replies stay those of the same model on
+    one machine."""
     return (
         (options.speculation != "off" or options.exact_batches)
         and not is_conservative(options)
@@ -224,17 +226,24 @@ def exact_attention(options: LoadOptions, model: LlamaModel) -> bool:
     )
 
 
+def all_on_cpu(options: LoadOptions) -> bool:
+    """Whether every layer runs on this machine's CPU (no GPU, no remote device)."""
+    return options.n_gpu_layers == 0 and not options.rpc_servers and not options.devices
+
+
+def exact_v_type(options: LoadOptions) -> str:
+    """The exact attention's V type for `options`' own (f16 or f32): on a CPU the faster one
+    there (the machine verdict's `exact_v`), elsewhere the type asked for."""
+    if options.kv_type in EXACT_K and all_on_cpu(options):
+        return cpu_buffers.machine_verdict().exact_v
+    return options.kv_type
+
+
 def verifies_exactly(options: LoadOptions, model: LlamaModel, path: Path) -> bool:
     """Whether verify rows can be trusted whole (`speculate.py`): the exact attention with
     every layer on this CPU (GPU kernels and remote devices were not measured) and no
     matmul over 16- or 32-bit weights (`float_matmuls`)."""
-    return (
-        exact_attention(options, model)
-        and options.n_gpu_layers == 0
-        and not options.rpc_servers
-        and not options.devices
-        and not float_matmuls(path)
-    )
+    return exact_attention(options, model) and all_on_cpu(options) and not float_matmuls(path)
 
 
 def float_matmuls(path: Path) -> bool:
@@ -283,7 +292,8 @@ def _context_params(
         )
     exact = exact_attention(options, model)
     k_type = EXACT_K.get(options.kv_type, options.kv_type) if exact else options.kv_type
-    cparams.type_k, cparams.type_v = KV_TYPES[k_type], KV_TYPES[options.kv_type]
+    v_type = exact_v_type(options) if exact else options.kv_type
+    cparams.type_k, cparams.type_v = KV_TYPES[k_type], KV_TYPES[v_type]
     cparams.offload_kqv = options.kv_offload
     threads = options.n_threads or max(os.cpu_count() or 1, 1)
     cparams.n_threads = threads

@@ -1,4 +1,5 @@
-"""Which of llama.cpp's extra CPU buffer types this machine may use, decided once and cached.
+"""How llama.cpp runs on this CPU, decided once and cached: which of its extra CPU buffer
+types the weights may use, and which V type the exact attention keeps.
 
 At load, llama.cpp repacks CPU weights into "extra" buffer types for faster matmuls: CPU_REPACK
 (Q4_0, IQ4_NL, Q4_K on AVX2, AVX-512 and NEON) and, on Intel CPUs with AMX, the AMX type. On
@@ -10,6 +11,14 @@ the first policy that runs and agrees is the verdict, cached by CPU and llama.cp
 - "all": every extra buffer type llama.cpp offers here
 - "no-amx": all but AMX (CPU_REPACK kept: only what crashes is turned off)
 - "none": plain CPU buffers (`use_extra_bufts = False`)
+
+The exact attention (`backend.exact_attention`: flash attention over a q8_0 K, whose verify
+batches equal one-token decodes) may keep an f16 V or a q8_0 one; both are exact, and which is
+faster is the CPU's: on an AMD EPYC a q8_0 V made decodes 10-18% slower than the default
+context at 500-3,500 tokens and an f16 V 2-9% faster, on an Intel Xeon with AMX an f16 V made
+them 20% slower at 1,100 tokens and a q8_0 V 6% faster. So the verdict also holds `exact_v`,
+from a second child that times one-token decodes deep in a context under each (taking turns):
+q8_0 when it is faster by V_MARGIN, else f16.
 
 Everything that loads weights with llama.cpp asks `model_params` (the engine, tests and
 benchmarks), `llama` (llama-cpp-python's high-level class) or `server_flags` (a llama-server
@@ -29,7 +38,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +52,9 @@ POLICIES = ("all", "no-amx", "none")  # most to least capable
 CACHE_FILE = "cpu-buffers.json"
 PROBE_TIMEOUT_S = 180.0  # a probe child loads a 1 MB model; generous for a busy machine
 AGREEMENT = 0.9  # share of positions whose top token must equal plain buffers' top token
-_FORMAT = 1  # of the cache entries
+V_TYPES = ("f16", "q8_0")  # the exact attention's V: the first unless the second is faster
+V_MARGIN = 1.1  # how much faster a q8_0 V must decode to be chosen
+_FORMAT = 2  # of the cache entries (2: with exact_v)
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,8 @@ class Verdict:
     trials: dict[str, str] = field(default_factory=dict)  # policy -> what the probe saw
     source: str = "probe"  # "probe" (ran now) | "cache" | "no extra types"
     key: str = ""
+    exact_v: str = V_TYPES[0]  # the exact attention's V type on this CPU
+    exact_v_reason: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -213,7 +226,11 @@ def _read_cache(path: Path) -> dict[str, dict]:
         return {}
     good = {}
     for key, entry in verdicts.items():
-        if isinstance(entry, dict) and entry.get("policy") in POLICIES:
+        if (
+            isinstance(entry, dict)
+            and entry.get("policy") in POLICIES
+            and entry.get("exact_v") in V_TYPES
+        ):
             with contextlib.suppress(TypeError):
                 Verdict(**{**entry, "extra_types": tuple(entry.get("extra_types", ()))})
                 good[key] = entry
@@ -230,6 +247,12 @@ def _write_cache(path: Path, key: str, verdict: Verdict) -> None:
 
 
 def _decide() -> Verdict:
+    verdict = _buffers()
+    exact_v, why = _exact_v(verdict.policy)
+    return replace(verdict, exact_v=exact_v, exact_v_reason=why)
+
+
+def _buffers() -> Verdict:
     names = extra_type_names()
     if not names:
         return Verdict("all", "llama.cpp offers no extra CPU buffer types here", (), {}, "none")
@@ -269,6 +292,22 @@ def _reason(policy: str, names: tuple[str, ...], trials: dict[str, str]) -> str:
     return f"extra CPU buffer types failed here ({failed}); plain CPU buffers"
 
 
+def _exact_v(policy: str) -> tuple[str, str]:
+    """The exact attention's V type here, and what the timing probe saw."""
+    seconds, seen = _run_child(["attention", policy, str(_probe_model())], "seconds")
+    if not isinstance(seconds, dict) or not all(
+        isinstance(seconds.get(v), (int, float)) and seconds[v] > 0 for v in V_TYPES
+    ):
+        return V_TYPES[0], f"the attention probe {seen if seconds is None else 'gave no result'}"
+    return faster_v(seconds), ", ".join(f"{v} V {seconds[v] * 1e3:.2f} ms" for v in V_TYPES)
+
+
+def faster_v(seconds: dict[str, float]) -> str:
+    """The V type to keep given each one's decode seconds: f16 unless q8_0 wins by V_MARGIN."""
+    fast, slow = V_TYPES[1], V_TYPES[0]
+    return fast if seconds[fast] * V_MARGIN < seconds[slow] else slow
+
+
 def _agreement(a: list[int], b: list[int]) -> float:
     if not a or len(a) != len(b):
         return 0.0
@@ -286,7 +325,15 @@ def _probe_model() -> Path:
 
 def _run_probe(policy: str, model: Path) -> tuple[list[int] | None, str]:
     """The probe child's top tokens under `policy`, or None and what went wrong."""
-    command = [sys.executable, "-m", "app.engine.llamacpp.probe", policy, str(model)]
+    top, seen = _run_child([policy, str(model)], "top")
+    if seen == "ran" and not isinstance(top, list):
+        return None, "gave no result"
+    return (None if top is None else [int(t) for t in top]), seen
+
+
+def _run_child(args: list[str], field_name: str) -> tuple[Any, str]:
+    """A probe child's answer under `field_name`, or None and what went wrong."""
+    command = [sys.executable, "-m", "app.engine.llamacpp.probe", *args]
     try:
         done = subprocess.run(
             command,
@@ -309,7 +356,6 @@ def _run_probe(policy: str, model: Path) -> tuple[list[int] | None, str]:
     if done.returncode != 0 or not lines:
         return None, f"failed (exit code {done.returncode})"
     try:
-        top = json.loads(lines[-1])["top"]
+        return json.loads(lines[-1])[field_name], "ran"
     except (ValueError, KeyError, TypeError):
         return None, "gave no result"
-    return [int(t) for t in top], "ran"
