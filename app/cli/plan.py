@@ -2,9 +2,10 @@
 
 Prints the per-device memory table and the llama-server command line that reproduces the
 placement, or the plan as JSON. Without --devices it plans for the GPUs detected here, with
-their free memory as budgets; --devices describes another machine (`cuda:12GiB,cuda:12GiB`).
---rpc adds llama.cpp rpc-servers on other machines: `HOST:PORT` is asked for its memory,
-`HOST:PORT=128GiB@10GbE` describes one that is not here (app/hardware/rpc.py).
+their free memory as budgets, and the command carries this CPU's buffer-type flag; --devices
+describes another machine (`cuda:12GiB,cuda:12GiB`). --rpc adds llama.cpp rpc-servers on
+other machines: `HOST:PORT` is asked for its memory, `HOST:PORT=128GiB@10GbE` describes one
+that is not here (app/hardware/rpc.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from app.engine.protocol import EngineError
@@ -106,6 +109,19 @@ def render(p: Plan) -> str:
     return "\n".join(lines)
 
 
+def on_this_cpu(p: Plan) -> Plan:
+    """The plan's llama-server command as this machine's CPU must run it: llama-server has one
+    switch for llama.cpp's extra CPU buffer types, which a machine whose AMX buffers crash
+    (the probed verdict, engine/llamacpp/cpu_buffers.py) needs or it dies at warm-up."""
+    try:
+        from app.engine.llamacpp import cpu_buffers
+    except ImportError:  # no llama.cpp here (an MLX-only install): nothing probed
+        return p
+    args = shlex.split(p.command)
+    flags = [flag for flag in cpu_buffers.server_flags() if flag not in args]
+    return replace(p, command=shlex.join([*args, *flags])) if flags else p
+
+
 def _network(p: Plan) -> list[str]:
     """Each remote link's predicted traffic: per decoded token, and per prefill micro-batch."""
     lines = []
@@ -184,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError) as exc:
         print(f"stoke plan: {exc}", file=sys.stderr)
         return 2
+    if args.devices is None:
+        result = on_this_cpu(result)
     if args.json:
         print(json.dumps({**plan_to_dict(result), "notes": notes}, indent=2))
     else:

@@ -8,10 +8,12 @@ makes the named policies' child die by SIGSEGV before its first decode, as AMX d
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import llama_cpp
@@ -135,6 +137,25 @@ def test_llama_server_gets_the_policy_as_its_one_switch():
     it with these flags: on an AMX machine whose verdict is "no-amx" it died at warm-up)."""
     assert cpu_buffers.server_flags("all") == []
     assert cpu_buffers.server_flags("no-amx") == cpu_buffers.server_flags("none") == ["--no-repack"]
+
+
+@pytest.mark.parametrize("policy", cpu_buffers.POLICIES)
+def test_the_plans_llama_server_command_carries_this_cpus_flag(
+    policy: str, model_path, monkeypatch, capsys
+):
+    """`stoke plan` for this machine prints a llama-server command that runs here: on an AMX
+    machine whose verdict turned AMX off, raw llama-server dies at warm-up."""
+    from app.cli import plan as plan_cli
+
+    verdict = replace(cpu_buffers.machine_verdict(), policy=policy)
+    monkeypatch.setattr(cpu_buffers, "machine_verdict", lambda **_: verdict)
+    parser = argparse.ArgumentParser()
+    plan_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["plan", model_path, "--ctx", "2048", "--json"])
+    assert args.run(args) == 0
+    command = json.loads(capsys.readouterr().out)["command"].split()
+    assert command[0] == "llama-server"
+    assert command.count("--no-repack") == (policy != "all")
 
 
 def test_llama_helper_loads_with_the_verdict(model_path):
