@@ -72,6 +72,7 @@ async def shutdown(window: MainWindow, session: ChatSession) -> None:
     await asyncio.get_running_loop().run_in_executor(None, window.downloads.shutdown)
     await session.engine.close()
     session.store.close()
+    window.collector.close()
 
 
 def first_run(window: MainWindow) -> QWidget | None:

@@ -52,6 +52,7 @@ from app.ui.api_conversations import ApiConversations
 from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
 from app.ui.chat_view import ChatView
+from app.ui.collector import MainThreadCollector
 from app.ui.composer import Composer
 from app.ui.draft_files import DraftFiles
 from app.ui.elided import ElidedLabel
@@ -104,6 +105,7 @@ class MainWindow(QMainWindow):
 
     def __init__(self, session: ChatSession, settings: QSettings) -> None:
         super().__init__()
+        self.collector = MainThreadCollector(self)  # Qt objects in garbage die on this thread
         self.session = session
         self.store = session.store
         self.api_conversations = ApiConversations(session, self)  # what the API server serves

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -74,6 +75,7 @@ class Harness:
             self.window.deleteLater()
             QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
             self.window = None
+            gc.collect()  # its garbage cycles die here, on the GUI thread (app/ui/collector.py)
 
     def wait_until(self, condition: Callable[[], bool], timeout: float = TIMEOUT_S) -> None:
         async def poll() -> None:
