@@ -39,10 +39,14 @@ lint: $(STAMP)
 
 # The window's tests run in a pytest process of their own: after the engine tests (hundreds of
 # in-process llama.cpp loads) Qt's event loop died by SIGSEGV in a window test, on CI and here,
-# never with the window's tests alone (185 of them, 9 minutes on 2 cores).
+# never with the window's tests alone (185 of them, 9 minutes on 2 cores). A run that crashes
+# ends with the test it was in and that thread's frames (tests/crash_log.py).
+CRASH_LOG := build/test-crash.log
 test: $(STAMP) lint llama-tools
-	$(PY) -m pytest -q --ignore=tests/gui $(PYTEST_ARGS)
-	$(PY) -m pytest -q tests/gui $(PYTEST_ARGS)
+	STOKE_TEST_CRASH_LOG=$(CRASH_LOG) $(PY) -m pytest -q --ignore=tests/gui $(PYTEST_ARGS) \
+		|| { rc=$$?; $(PY) -m tests.crash_log $(CRASH_LOG); exit $$rc; }
+	STOKE_TEST_CRASH_LOG=$(CRASH_LOG) $(PY) -m pytest -q tests/gui $(PYTEST_ARGS) \
+		|| { rc=$$?; $(PY) -m tests.crash_log $(CRASH_LOG); exit $$rc; }
 
 $(PACKAGING_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,packaging]'

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.crash_log import pytest_configure, pytest_runtest_logstart  # noqa: F401 (its hooks)
+
 VERDICT_FILE = "cpu-buffers.json"
 
 
