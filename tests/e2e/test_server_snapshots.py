@@ -45,7 +45,7 @@ def _kill_9(process: subprocess.Popen) -> None:
 
 
 def _snapshot_files(home: Path) -> list[Path]:
-    return [p for p in home.rglob("*.kv") if p.parent.parent.name == "kv"]
+    return [p for p in home.rglob("*.kv") if p.parent.name.startswith("llama.cpp-")]
 
 
 def test_kill_9_of_stoke_serve_keeps_the_conversations_kv(stoke_home: Path) -> None:

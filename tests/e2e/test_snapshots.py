@@ -53,7 +53,8 @@ def _live_run(model_path: str, run, engine: str) -> tuple[list[int], list[int]]:
 
 
 def _snapshot_file() -> Path:
-    """The one snapshot file (each engine keeps its own under the model's folder)."""
+    """The one snapshot file (each engine, and each llama.cpp KV layout, keeps its own folder
+    under the model's)."""
     (file,) = (paths.cache_dir() / "kv").rglob("*.kv")
     return file
 
@@ -74,6 +75,32 @@ def test_disk_snapshot_continues_exactly_like_live_context(model_path, run, engi
     assert restored == live
     assert stats.restored_tokens == len(prompt) - 1  # the last is evaluated for its logits
     assert stats.prefilled_tokens == 1
+
+
+def test_each_kv_layout_keeps_its_own_snapshots(model_path, run):
+    """A state installs only into a context of its KV layout, and snapshots are matched by
+    tokens: a plain f16 context must not take the speculative context's snapshot of the same
+    prompt (it prefills), and must leave it for when that layout comes back. A snapshot file
+    from before layouts had folders is removed."""
+    prompt, _ = _live_run(model_path, run, "llama.cpp")
+    model_dir = _snapshot_file().parent.parent
+    legacy = model_dir / "0123456789abcdef.kv"
+    legacy.write_bytes(b"STKV")
+
+    async def turn(**options):
+        client = await _client(model_path, "llama.cpp", **options)
+        try:
+            return await _greedy(client, prompt, "talk")
+        finally:
+            await client.close()
+
+    _, plain = run(turn(speculation="off"))
+    assert plain.restored_tokens == 0 and plain.prefilled_tokens == len(prompt)
+    assert not legacy.exists()
+    layouts = sorted(p.name for p in model_dir.iterdir() if p.name.startswith("llama.cpp-"))
+    assert len(layouts) == 2 and "llama.cpp-f16-f16-nofa" in layouts
+    _, back = run(turn())
+    assert back.restored_tokens == len(prompt) - 1
 
 
 def _truncate(data: bytes) -> bytes:

@@ -27,6 +27,8 @@ import llguidance
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from app import paths
+from app.engine import kvstore
 from app.engine.constraint import Constraint, tokenizer_from_vocab
 from app.engine.gguf_info import inspect_gguf
 from app.engine.llamacpp import cpu_buffers, rpc
@@ -199,8 +201,8 @@ def keeps_own_streams(model: llama_cpp.llama_model_p) -> bool:
     return bool(llama_cpp.llama_model_is_hybrid(model) or llama_cpp.llama_model_is_recurrent(model))
 
 
-# A speculative context's K element type in place of f16/f32 (`exact_attention`); V keeps its
-# own, as only K's type picks the attention's path.
+# A speculative context's K element type in place of f16/f32 (`exact_attention`); only K's
+# type picks the attention's path (V's is `exact_v_type`).
 EXACT_K = {"f16": "q8_0", "f32": "q8_0"}
 
 
@@ -213,12 +215,12 @@ def exact_attention(options: LoadOptions, model: LlamaModel) -> bool:
     quantized K takes every row whole. Measured on the default model at 1,000 tokens: the
     first way, verify logits up to 1.21 off a decode's and the K/V written moving the next
     decode's by 0.81; the second, 1.35 and 0.79; with a q8_0 K (V f16 or q8_0), 0 and 0.
-    V stays f16: a q8_0 V made each decode 10-18% slower than the default context at 500 to
-    3,500 tokens (it is dequantized row by row), a q8_0 K with an f16 V 2-9% faster; on an
-    Intel Xeon the other way round, so on a CPU the V type is this machine's measured verdict
-    (`exact_v_type`). Not in safe mode (no flash attention there), nor for hybrid memories. A
-    split over other devices gets it too, so that its replies stay those of the same model on
-    one machine."""
+    V's type only sets the speed, and which is faster depends on the CPU: on an AMD EPYC a
+    q8_0 V (dequantized row by row) made each decode 10-18% slower than the default context
+    at 500 to 3,500 tokens and an f16 V 2-9% faster, on an Intel Xeon the other way round; so
+    on a CPU it is this machine's measured verdict (`exact_v_type`). Not in safe mode (no
+    flash attention there), nor for hybrid memories. A split over other devices gets it too,
+    so that its replies stay those of the same model on one machine."""
     return (
         (options.speculation != "off" or options.exact_batches)
         and not is_conservative(options)
@@ -237,6 +239,26 @@ def exact_v_type(options: LoadOptions) -> str:
     if options.kv_type in EXACT_K and all_on_cpu(options):
         return cpu_buffers.machine_verdict().exact_v
     return options.kv_type
+
+
+def snapshot_folder(info: ModelInfo, cparams: llama_cpp.llama_context_params) -> Path:
+    """Where this context's snapshots live: a folder per KV layout beside the model's others.
+
+    A sequence's state holds its K and V in the context's element types (V transposed
+    without flash attention) and installs only into a context of the same layout, while
+    snapshots are matched by tokens alone: with one folder, a conversation held before a
+    switch of plan (a CPU context's V type is this machine's verdict, a split's is f16) or of
+    `kv_type` could match in place of the conversation's own, then fail to install. Files
+    from before layouts had folders (their layout unknown) are removed, so none lingers
+    outside every store's disk budget."""
+    names = {number: name for name, number in KV_TYPES.items()}
+    flash = cparams.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    model_dir = paths.kv_dir(info.fingerprint)
+    for stale in model_dir.iterdir():
+        if stale.suffix in (kvstore.SUFFIX, kvstore.TMP_SUFFIX) and stale.is_file():
+            stale.unlink(missing_ok=True)
+    layout = f"{names[cparams.type_k]}-{names[cparams.type_v]}-{'fa' if flash else 'nofa'}"
+    return model_dir / f"llama.cpp-{layout}"
 
 
 def verifies_exactly(options: LoadOptions, model: LlamaModel, path: Path) -> bool:
@@ -426,7 +448,8 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             self._eog = self._vocab.eog_ids()
             info = self._describe(path, n_ctx_train, self._vocab.n_tokens)
             self._open_drafters(options, info)
-            self._open_store(options, info.fingerprint)
+            if options.snapshots:
+                self._open_store(options, info.fingerprint, snapshot_folder(info, cparams))
             stack.pop_all()
         self.info = info
         return info
