@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import threading
 
-from PySide6.QtCore import QCoreApplication, QEvent, QObject
+from PySide6.QtCore import QObject
 from pytestqt.qtbot import QtBot
 
 from app.ui.collector import MainThreadCollector
@@ -39,11 +39,6 @@ def _allocate() -> None:
 def test_a_cycle_dropped_while_another_thread_allocates_dies_on_the_gui_thread(
     qtbot: QtBot,
 ) -> None:
-    # An earlier test's widgets, deleted later, would be freed during this test's event
-    # loop, and each free lowers generation 0's count: after the 3,000 messages of
-    # test_chat_view it fell below the threshold, so no collection was due. Free them now.
-    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
-    gc.collect()
     collector = MainThreadCollector()
     try:
         assert not gc.isenabled()
@@ -53,7 +48,16 @@ def test_a_cycle_dropped_while_another_thread_allocates_dies_on_the_gui_thread(
         worker.start()
         worker.join()
         assert seen == []  # the allocating thread did not collect it
-        qtbot.waitUntil(lambda: bool(seen), timeout=10_000)  # the timer did, here
+        # Each free lowers generation 0's count, and an earlier test's objects freed while
+        # this one waits (test_chat_view's 3,000 messages) kept it below the threshold, so
+        # the wait allocates as the app's GUI thread would: a collection comes due again.
+        kept: list[list[int]] = []
+
+        def collected() -> bool:
+            kept.extend([i] for i in range(gc.get_threshold()[0]))
+            return bool(seen)
+
+        qtbot.waitUntil(collected, timeout=10_000)  # the timer did, here
         assert set(seen) == {threading.get_ident()}
     finally:
         collector.close()
