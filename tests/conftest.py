@@ -3,6 +3,10 @@
 Each home starts with this machine's CPU buffer-type verdict (engine/llamacpp/cpu_buffers.py),
 probed once per test run, so every engine a test starts loads with the same safe buffer types
 as the app would, without probing again in each fresh home. Tests of the probe itself remove it.
+
+Qt runs offscreen in every test process, not only the window's: a test outside tests/gui that
+makes a QApplication (the packaging icons) would otherwise abort the whole process where no
+display exists, as on CI.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.crash_log import pytest_configure, pytest_runtest_logstart  # noqa: F401 (its hooks)
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 VERDICT_FILE = "cpu-buffers.json"
 

@@ -1,11 +1,6 @@
-"""GUI tests run offscreen: no display needed, nothing flashes on the developer's screen."""
+"""The window's fixtures: the real window on the real engine (offscreen: tests/conftest.py)."""
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-
 
 from collections.abc import Iterator
 from pathlib import Path
