@@ -165,6 +165,8 @@ class _ContentHashes:
     it; a later file with the same cheap fingerprint but other content is a different model
     that only looks the same, and is named by its content from then on. Until its hash is done
     it shares the first one's KV folder, which is then emptied (a cache: it costs a prefill).
+    A hash in the background keeps to the cache dir of the call that started it, even if
+    STOKE_HOME names another home by the time it is done.
     """
 
     def __init__(self) -> None:
@@ -172,9 +174,9 @@ class _ContentHashes:
         self._running: set[Path] = set()
 
     @staticmethod
-    def _read() -> dict[str, Any]:
+    def _read(cache: Path) -> dict[str, Any]:
         try:
-            data = json.loads((paths.cache_dir(create=False) / _CACHE_NAME).read_text("utf-8"))
+            data = json.loads((cache / _CACHE_NAME).read_text("utf-8"))
         except (OSError, ValueError):
             data = None
         if not isinstance(data, dict) or data.get("version") != 1:
@@ -184,7 +186,7 @@ class _ContentHashes:
     def resolve(self, file: Path, quick: str, hash_content: bool) -> str:
         """The fingerprint of `file` whose cheap part is `quick`; starts its hash if unknown."""
         real = file.resolve()
-        data = self._read()
+        data = self._read(paths.cache_dir(create=False))
         entry = data["files"].get(str(real))
         stamp = _stamp(real)
         if entry is not None and entry.get("stamp") == stamp and entry.get("quick") == quick:
@@ -193,34 +195,36 @@ class _ContentHashes:
                 return quick
             return hashlib.sha256(f"{quick}:{entry['sha256']}".encode()).hexdigest()[:16]
         if hash_content:
-            self._start(real)
+            self._start(real, paths.cache_dir())
         return quick
 
-    def _start(self, real: Path) -> None:
+    def _start(self, real: Path, cache: Path) -> None:
         with self._lock:
             if real in self._running:
                 return
             self._running.add(real)
         threading.Thread(
-            target=self._background, args=(real,), name="model-content-hash", daemon=True
+            target=self._background, args=(real, cache), name="model-content-hash", daemon=True
         ).start()
 
-    def _background(self, real: Path) -> None:
+    def _background(self, real: Path, cache: Path) -> None:
         """Hash at the lowest CPU priority, so a turn on the CPU never waits for it."""
         with contextlib.suppress(OSError, AttributeError):  # Linux names threads by id
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         try:
-            self.compute(real)
+            self.compute(real, cache)
         except (OSError, paths.ReadOnlyError) as exc:
             logger.info("content hash of %s not kept: %s", real, exc)
         finally:
             with self._lock:
                 self._running.discard(real)
 
-    def compute(self, file: Path) -> str:
+    def compute(self, file: Path, cache: Path | None = None) -> str:
+        """The file's sha256, kept in `cache` (this home's cache dir when None)."""
+        cache = cache or paths.cache_dir()
         real = file.resolve()
         stamp = _stamp(real)
-        entry = self._read()["files"].get(str(real))
+        entry = self._read(cache)["files"].get(str(real))
         if entry is not None and entry.get("stamp") == stamp:
             return entry["sha256"]
         digest = _hash_file(real)
@@ -228,17 +232,17 @@ class _ContentHashes:
             return digest
         quick = _quick(real)
         with self._lock:
-            data = self._read()
+            data = self._read(cache)
             data["files"][str(real)] = {"stamp": stamp, "quick": quick, "sha256": digest}
             owner = data["owners"].setdefault(quick, digest)
-            paths.write_private(paths.cache_dir() / _CACHE_NAME, json.dumps(data, indent=1))
+            paths.write_private(cache / _CACHE_NAME, json.dumps(data, indent=1))
         if owner != digest:
             logger.warning(
                 "%s looks like another model (same size, date and tensor layout) but its "
                 "weights differ: its KV snapshots are kept apart from the next load",
                 real,
             )
-            shutil.rmtree(paths.cache_dir() / "kv" / quick, ignore_errors=True)
+            shutil.rmtree(cache / "kv" / quick, ignore_errors=True)
         return digest
 
 

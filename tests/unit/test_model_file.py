@@ -215,6 +215,31 @@ def test_the_content_hash_runs_off_the_calling_thread(
     assert (paths.cache_dir() / "model-hashes.json").stat().st_mode & 0o777 == 0o600
 
 
+def test_a_background_hash_keeps_to_the_home_that_started_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite switches STOKE_HOME per test while an earlier test's hash may still run: it
+    wrote into the next test's home (and raced that test's own setup)."""
+    path = big_model(tmp_path / "model.gguf")
+    first = paths.cache_dir()
+    switched = threading.Event()
+    real = model_file._hash_file
+
+    def after_the_switch(file: Path) -> str:
+        switched.wait(10)
+        return real(file)
+
+    monkeypatch.setattr(model_file, "_hash_file", after_the_switch)
+    fingerprint(path)
+    monkeypatch.setenv("STOKE_HOME", str(tmp_path / "another-home"))
+    switched.set()
+    for thread in threading.enumerate():
+        if thread.name == "model-content-hash":
+            thread.join()
+    assert (first / "model-hashes.json").is_file()
+    assert not (tmp_path / "another-home").exists()
+
+
 def test_the_content_hash_is_cached_by_path_size_and_mtime(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
