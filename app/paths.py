@@ -64,9 +64,9 @@ def read_only_message(found: list[tuple[str, Path]]) -> str:
     )
 
 
-def _ensure(path: Path, kind: str) -> Path:
+def ensure_dir(path: Path, kind: str) -> Path:
     """`path` as a private folder, created if missing (parents above Stoke's roots as the
-    system makes them)."""
+    system makes them); ReadOnlyError names the `kind` folder that cannot be written."""
     if not path.is_dir():
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ def _ensure(path: Path, kind: str) -> Path:
 def _root_dir(kind: str, create: bool) -> Path:
     root = _root(kind)
     if create:
-        _ensure(root, kind)
+        ensure_dir(root, kind)
     if root.is_dir() and root not in _secured:
         _secured.add(root)
         secure_tree(root)
@@ -218,10 +218,10 @@ def database_path() -> Path:
 
 def kv_dir(fingerprint: str) -> Path:
     """KV snapshots of one model."""
-    kv = _ensure(cache_dir() / "kv", "cache")
-    return _ensure(kv / fingerprint, "cache")
+    kv = ensure_dir(cache_dir() / "kv", "cache")
+    return ensure_dir(kv / fingerprint, "cache")
 
 
 def models_dir(create: bool = True) -> Path:
     models = data_dir(create) / "models"
-    return _ensure(models, "data") if create else models
+    return ensure_dir(models, "data") if create else models

@@ -186,7 +186,8 @@ class _ContentHashes:
     def resolve(self, file: Path, quick: str, hash_content: bool) -> str:
         """The fingerprint of `file` whose cheap part is `quick`; starts its hash if unknown."""
         real = file.resolve()
-        data = self._read(paths.cache_dir(create=False))
+        cache = paths.cache_dir(create=False)
+        data = self._read(cache)
         entry = data["files"].get(str(real))
         stamp = _stamp(real)
         if entry is not None and entry.get("stamp") == stamp and entry.get("quick") == quick:
@@ -195,7 +196,7 @@ class _ContentHashes:
                 return quick
             return hashlib.sha256(f"{quick}:{entry['sha256']}".encode()).hexdigest()[:16]
         if hash_content:
-            self._start(real, paths.cache_dir())
+            self._start(real, cache)
         return quick
 
     def _start(self, real: Path, cache: Path) -> None:
@@ -221,7 +222,7 @@ class _ContentHashes:
 
     def compute(self, file: Path, cache: Path | None = None) -> str:
         """The file's sha256, kept in `cache` (this home's cache dir when None)."""
-        cache = cache or paths.cache_dir()
+        cache = cache or paths.cache_dir(create=False)
         real = file.resolve()
         stamp = _stamp(real)
         entry = self._read(cache)["files"].get(str(real))
@@ -235,7 +236,9 @@ class _ContentHashes:
             data = self._read(cache)
             data["files"][str(real)] = {"stamp": stamp, "quick": quick, "sha256": digest}
             owner = data["owners"].setdefault(quick, digest)
-            paths.write_private(cache / _CACHE_NAME, json.dumps(data, indent=1))
+            paths.write_private(
+                paths.ensure_dir(cache, "cache") / _CACHE_NAME, json.dumps(data, indent=1)
+            )
         if owner != digest:
             logger.warning(
                 "%s looks like another model (same size, date and tensor layout) but its "
