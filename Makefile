@@ -12,15 +12,21 @@ PACKAGING_STAMP := $(VENV)/.packaging-stamp
 # GPU builds: STOKE_LLAMA_FLAVOR=cuda (or vulkan; metal is the Mac default), and any more
 # CMake flags in LLAMA_CMAKE_ARGS.
 LLAMA_BUILD := packaging/llama_build.py
+# The tests' independent reference for DeepSeek V4 (tests/deepseek_v4_formats.py): mlx-vlm's
+# model classes and the formats it writes. Installed without its dependencies (transformers,
+# datasets, opencv, mlx-audio, a server: ~415 MB it does not need to build a model); its
+# model code needs mlx, numpy and Pillow, which the dev extra brings.
+MLX_VLM := mlx-vlm==0.7.10
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: run test lint install clean package package-test llama-tools
 
-$(STAMP): pyproject.toml $(LLAMA_BUILD)
+$(STAMP): pyproject.toml $(LLAMA_BUILD) Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) $(LLAMA_BUILD) install
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps '$(MLX_VLM)'
 	touch $(STAMP)
 
 # llama-server and rpc-server (app/engine/llamacpp/tools.py finds them); `make test` builds

@@ -1,10 +1,11 @@
 """Which engine runs a model on this machine, and why (`stoke doctor` prints the why).
 
 On Apple Silicon MLX is the fast path (the GPU in unified memory), with llama.cpp on Metal
-as the alternative; elsewhere llama.cpp runs GGUF models on CPUs and NVIDIA/AMD GPUs. An
-MLX folder runs only on MLX. `LoadOptions.engine` carries a user's choice ("auto" when
-none): per model from its load settings (Settings > Hardware), for the app from Settings,
-or per command from --engine.
+as the alternative, except for GGUFs whose tensor types MLX cannot keep compact (K-quants, IQ
+types), which llama.cpp runs at their own size; elsewhere llama.cpp runs GGUF models on CPUs
+and NVIDIA/AMD GPUs. An MLX folder runs only on MLX. `LoadOptions.engine` carries a user's
+choice ("auto" when none): per model from its load settings (Settings > Hardware), for the
+app from Settings, or per command from --engine.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.engine.mlx.registry import GGUF_BUILDERS
+from app.engine.gguf_info import inspect_gguf
+from app.engine.mlx.registry import GGUF_BUILDERS, not_compact
 from app.engine.model_file import gguf_architecture
-from app.engine.protocol import LoadOptions
+from app.engine.protocol import LoadOptions, ModelLoadError
 
 AUTO = "auto"
 LOCAL_ENGINES = ("llama.cpp", "mlx")
@@ -47,6 +49,15 @@ def _architecture(path: Path) -> str | None:
         return None  # the engine that loads it says what is wrong with the file
 
 
+def _not_compact(path: Path) -> list[str]:
+    """The file's tensor types MLX would expand (none when its header cannot be read: the
+    engine that loads it says what is wrong)."""
+    try:
+        return sorted(not_compact(inspect_gguf(path)))
+    except (OSError, ModelLoadError):
+        return []
+
+
 def platform_choice(model_path: str | os.PathLike[str]) -> EngineChoice:
     """What runs the model best here when nobody chose."""
     path = Path(model_path).expanduser()
@@ -63,6 +74,13 @@ def platform_choice(model_path: str | os.PathLike[str]) -> EngineChoice:
     if architecture not in GGUF_BUILDERS:
         return EngineChoice(
             "llama.cpp", f"MLX does not run {architecture} GGUF models: llama.cpp (Metal) does"
+        )
+    heavy = _not_compact(path)
+    if heavy:
+        return EngineChoice(
+            "llama.cpp",
+            f"its {', '.join(sorted(heavy))} tensors have no compact MLX form (MLX would expand "
+            "them to float16, about 4x): llama.cpp (Metal) runs the file at its own size",
         )
     return EngineChoice(
         "mlx",

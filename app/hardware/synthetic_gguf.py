@@ -42,7 +42,7 @@ from gguf import (
     LlamaFileType,
     TokenType,
 )
-from gguf.quants import quantize
+from gguf.quants import dequantize, quantize
 
 from app.engine.gguf_info import inspect_gguf
 
@@ -137,15 +137,20 @@ _SCALED_TYPES = _FULL_TYPES | {
 }
 # `weights="f16"/"f32"`: every matrix in one float type that `mx.load` reads as it is, so the
 # MLX model and llama.cpp run on the very same numbers (the logit-agreement test).
+# `weights="mxfp4"`: the f32 model with its routed experts in MXFP4, as the 0731 release ships;
+# "mxfp4-values": the same numbers with the experts stored as F32 (MXFP4 read back).
 _MATRIX_ROLES = ("embedding", "output", "dense", "expert", "compressor", "indexer")
-Weights = Literal["quantized", "f16", "f32"]
+Weights = Literal["quantized", "f16", "f32", "mxfp4", "mxfp4-values"]
 
 
 def _scaled_types(weights: Weights) -> dict[str, Q]:
     if weights == "quantized":
         return _SCALED_TYPES
+    if weights in ("mxfp4", "mxfp4-values"):
+        experts = Q.MXFP4 if weights == "mxfp4" else Q.F32
+        return _SCALED_TYPES | dict.fromkeys(_MATRIX_ROLES, Q.F32) | {"expert": experts}
     if weights not in ("f16", "f32"):
-        raise ValueError(f"weights must be 'quantized', 'f16' or 'f32', not {weights!r}")
+        raise ValueError(f"weights must be 'quantized', 'f16', 'f32' or 'mxfp4', not {weights!r}")
     return _SCALED_TYPES | dict.fromkeys(_MATRIX_ROLES, Q.F16 if weights == "f16" else Q.F32)
 
 
@@ -312,7 +317,9 @@ def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode, tokenizer_pre: str, mtp: b
     w.add_add_bos_token(True)
 
 
-def _random_tensor(spec: TensorSpec, qtype: Q, d: Dims, rng: np.random.Generator) -> np.ndarray:
+def _random_tensor(
+    spec: TensorSpec, qtype: Q, d: Dims, rng: np.random.Generator, rounded: Q | None = None
+) -> np.ndarray:
     """Weights that keep activations finite: unit norms, fan-in scaled matrices."""
     shape = tuple(reversed(spec.shape))  # numpy order
     if qtype == Q.I32:  # token -> experts table: distinct experts per token
@@ -326,8 +333,10 @@ def _random_tensor(spec: TensorSpec, qtype: Q, d: Dims, rng: np.random.Generator
         data = rng.standard_normal(shape, np.float32) / np.sqrt(spec.shape[0])
     if spec.name == "output.weight":
         data[:2] = 0  # BOS/EOS logits stay 0, below the best random one: greedy runs to the end
-    if qtype == Q.Q8_0:
-        return quantize(data, Q.Q8_0)
+    if qtype in (Q.Q8_0, Q.MXFP4):
+        return quantize(data, qtype)
+    if rounded is not None:  # the values a packed type would store, as floats
+        data = dequantize(quantize(data, rounded), rounded)
     return data.astype(np.float16 if qtype == Q.F16 else np.float32)
 
 
@@ -349,12 +358,18 @@ def _write_sparse(writer: GGUFWriter, d: Dims, mtp: bool) -> None:
 
 
 def _write_random(
-    writer: GGUFWriter, d: Dims, rng: np.random.Generator, types: dict[str, Q], mtp: bool
+    writer: GGUFWriter,
+    d: Dims,
+    rng: np.random.Generator,
+    types: dict[str, Q],
+    mtp: bool,
+    rounded: dict[str, Q],
 ) -> None:
     for spec in tensor_specs(d, mtp=mtp):
         qtype = types[spec.role]
-        data = _random_tensor(spec, qtype, d, rng)
-        writer.add_tensor(spec.name, data, raw_dtype=qtype if qtype == Q.Q8_0 else None)
+        data = _random_tensor(spec, qtype, d, rng, rounded.get(spec.role))
+        packed = qtype in (Q.Q8_0, Q.MXFP4)
+        writer.add_tensor(spec.name, data, raw_dtype=qtype if packed else None)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -374,8 +389,10 @@ def write_deepseek4(
 
     `tokenizer_pre` is DeepSeek's own pre-tokenizer by default; "gpt-2" splits text without
     std::regex, which a CUDA build of llama-cpp-python crashed in while loading the vocab.
-    `weights` (scaled mode): "quantized" (Q8_0 experts and projections) or every matrix in
-    "f16"/"f32". `mtp` appends the MTP block (the module docstring says how)."""
+    `weights` (scaled mode): "quantized" (Q8_0 experts and projections), every matrix in
+    "f16"/"f32", "mxfp4" (f32 with MXFP4 routed experts), or "mxfp4-values" (the numbers of
+    "mxfp4" with the experts stored as F32). `mtp` appends the MTP block (the
+    module docstring says how)."""
     if mode not in ("full", "scaled"):
         raise ValueError(f"mode must be 'full' or 'scaled', not {mode!r}")
     types = _scaled_types(weights)
@@ -387,7 +404,8 @@ def write_deepseek4(
     if mode == "full":
         _write_sparse(writer, d, mtp)
     else:
-        _write_random(writer, d, np.random.default_rng(seed), types, mtp)
+        rounded = {"expert": Q.MXFP4} if weights == "mxfp4-values" else {}
+        _write_random(writer, d, np.random.default_rng(seed), types, mtp, rounded)
     writer.close()
     return out
 

@@ -80,3 +80,49 @@ def test_next_token_logits_match_llamacpp(tmp_path: Path, tokens: list[int], top
     assert top1 >= 0.99
     if top_k >= N_TOKENS // 4:  # no selection: the same function, to rounding
         assert max_abs < 1e-3
+
+
+def test_mxfp4_experts_stay_mxfp4_and_match_llamacpp(tmp_path: Path, tokens: list[int]) -> None:
+    """The 0731 release's GGUF keeps its routed experts in MXFP4, after which `mx.load` returns
+    nothing more. Read by the file's table, they become MLX mxfp4 weights (no float copy: the
+    model's memory is the file's, within 15%), and the model computes what llama.cpp computes:
+    exactly llama.cpp's function on a twin file holding the same expert values as F32, and on
+    the MXFP4 file itself differing from llama.cpp by no more than llama.cpp differs from
+    itself between the two (its CPU kernels round the activations to Q8 for MXFP4 dot
+    products; on these random models with flat logits that alone flips ~10% of the argmaxes)."""
+    from mlx.utils import tree_flatten
+
+    from app.engine.mlx.models import _fit_device, _read_gguf
+
+    made = {
+        kind: write_deepseek4(
+            tmp_path / f"{kind}.gguf",
+            mode="scaled",
+            seed=4,
+            weights=kind,
+            indexer_top_k=512,
+            **DIMS,
+        )
+        for kind in ("mxfp4", "mxfp4-values")
+    }
+    gguf = made["mxfp4"]
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    model = build(*_read_gguf(gguf))
+    mx.eval(model.parameters())
+    resident = mx.get_active_memory() - before
+    experts = model.layers[2].ffn.switch_mlp.gate_proj
+    assert (experts.mode, experts.weight.dtype) == ("mxfp4", mx.uint32)
+    size = gguf.stat().st_size
+    held = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    print(f"\nMXFP4 GGUF on MLX: file {size:,} B, parameters {held:,} B, resident {resident:,} B")
+    assert abs(resident - size) <= 0.15 * size
+
+    ours = np.array(_fit_device(model, gguf=True)(mx.array([tokens]))[0])
+    same_values = llamacpp_logits(made["mxfp4-values"], tokens)
+    theirs = llamacpp_logits(gguf, tokens)
+    assert (ours.argmax(-1) == same_values.argmax(-1)).mean() >= 0.99
+    assert np.abs(ours - same_values).max() < 1e-3
+    ours_off, own_off = np.abs(ours - theirs).max(), np.abs(same_values - theirs).max()
+    print(f"MXFP4: |MLX - llama.cpp| {ours_off:.3e}, llama.cpp's own Q8 rounding {own_off:.3e}")
+    assert ours_off <= own_off + 1e-3

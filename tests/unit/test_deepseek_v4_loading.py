@@ -14,73 +14,14 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
 from app.engine.mlx.deepseek_v4 import Model, ModelArgs
-from app.engine.mlx.gguf_deepseek_v4 import mlx_name
+from app.engine.mlx.deepseek_v4.names import gguf_to_model
 from app.hardware.synthetic_gguf import SCALED, tensor_specs
+from tests.deepseek_v4_formats import write_official
 from tests.unit.test_deepseek_v4_cache import random_model, tiny_args
-
-HF_PROJ = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
-FP8_SCALE_EXPONENT = 124  # E8M0 byte: 2**(124 - 127) = 1/8
 
 
 def classes(config: dict) -> tuple[type, type]:
     return Model, ModelArgs
-
-
-def fp4(weight: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-    """An expert matrix as DeepSeek ships it (int8 bytes of two E2M1 codes, E8M0 scales per
-    32) and the values those bytes stand for."""
-    packed, scales = mx.quantize(weight, group_size=32, bits=4, mode="mxfp4")
-    values = mx.dequantize(packed, scales, group_size=32, bits=4, mode="mxfp4")
-    return packed.view(mx.int8), scales, values
-
-
-def fp8(weight: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-    """An FP8 matrix with one block scale, and its values."""
-    codes = mx.to_fp8(weight * 8.0)
-    scale = mx.full((1, 1), FP8_SCALE_EXPONENT, mx.uint8)
-    return codes, scale, mx.from_fp8(codes, dtype=mx.float32) / 8.0
-
-
-def hugging_face_checkpoint(model: Model, folder: Path) -> dict[str, mx.array]:
-    """Write `model` as a DeepSeek V4 release folder; return the parameters it now stands for
-    (the FP4/FP8 round trip changes the experts and the shared experts' gate)."""
-    args = model.args
-    tensors: dict[str, mx.array] = {}
-    exact: dict[str, mx.array] = {}
-    for name, value in tree_flatten(model.parameters()):
-        exact[name] = value
-        hf = name
-        for stage in ("hc_attn", "hc_ffn"):
-            hf = hf.replace(f".{stage}.", f".{stage}_")
-        if ".switch_mlp." in name:
-            layer, proj = name.split(".")[1], name.split(".")[-2]
-            restored = []
-            for e in range(value.shape[0]):
-                codes, scales, values = fp4(value[e])
-                key = f"layers.{layer}.ffn.experts.{e}.{HF_PROJ[proj]}"
-                tensors[f"{key}.weight"], tensors[f"{key}.scale"] = codes, scales
-                restored.append(values)
-            exact[name] = mx.stack(restored)
-            continue
-        if name.endswith("shared_experts.w1.weight"):
-            codes, scale, exact[name] = fp8(value)
-            tensors[hf], tensors[hf.replace(".weight", ".scale")] = codes, scale
-            continue
-        if name.endswith("attn.wo_a.weight"):
-            value = value.reshape(-1, value.shape[-1])
-        if name.endswith("tid2eid"):
-            value = value.astype(mx.int64)
-        tensors[hf] = value
-    # what a release also carries and this model does not use
-    tensors["layers.0.ffn.gate.bias"] = mx.zeros((args.n_routed_experts,))
-    tensors["layers.3.ffn.gate.bias_vl"] = mx.zeros((args.n_routed_experts,))
-    tensors["mtp.0.norm.weight"] = mx.ones((args.hidden_size,))
-    mx.save_safetensors(str(folder / "model-00001-of-00001.safetensors"), tensors)
-    config = {k: v for k, v in vars(args).items()}
-    config["num_nextn_predict_layers"] = 1
-    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
-    (folder / "config.json").write_text(json.dumps(config))
-    return exact
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +31,12 @@ def tokens() -> mx.array:
 
 def test_hugging_face_folder(tmp_path: Path, tokens: mx.array) -> None:
     original = random_model(tiny_args(moe_intermediate_size=32), seed=5)
-    exact = hugging_face_checkpoint(original, tmp_path)
+    exact = write_official(original, tmp_path)
     loaded, _ = load_model(tmp_path, get_model_classes=classes)
     assert type(loaded.layers[2].ffn.switch_mlp.gate_proj).__name__ == "QuantizedSwitchLinear"
     assert loaded.layers[2].ffn.switch_mlp.gate_proj.mode == "mxfp4"
 
+    loaded.set_dtype(mx.float32)  # the release's bfloat16, computed as the reference does
     reference = Model(original.args)
     reference.load_weights(list(exact.items()), strict=True)
     ours, theirs = np.array(loaded(tokens)), np.array(reference(tokens))
@@ -113,7 +55,7 @@ def test_mlx_folder_of_its_own_parameters(tmp_path: Path, tokens: mx.array) -> N
 
 def test_gguf_names_cover_the_model() -> None:
     """Every tensor llama.cpp's loader knows maps to a distinct parameter, and back."""
-    names = [mlx_name(spec.name) for spec in tensor_specs(SCALED)]
+    names = [gguf_to_model(spec.name) for spec in tensor_specs(SCALED)]
     assert None not in names
     assert len(set(names)) == len(names)
     model_params = {name for name, _ in tree_flatten(Model(_scaled_args()).parameters())}

@@ -276,12 +276,14 @@ def machine(*, gpus: int = 0, gpu_gib: int = 0, ram_gib: int, apple: bool = Fals
     )
 
 
-def test_catalog_lists_the_flagship_first_and_marks_unchecked_repos() -> None:
+def test_catalog_lists_the_flagship_first_as_people_download_it() -> None:
     entries = catalog.load_catalog()
     assert entries[0].family == "DeepSeek V4 Flash"
     flagship = [e for e in entries if e.family == "DeepSeek V4 Flash"]
     assert {e.format for e in flagship} == {"gguf", "mlx"}
-    assert not any(e.checked for e in flagship)
+    repos = {e.repo.split("/")[0] for e in flagship}
+    assert {"mlx-community", "unsloth", "antirez", "deepseek-ai"} <= repos
+    assert all("Source:" in e.notes for e in flagship)  # where each figure comes from
     assert {"smollm2-135m", "smollm2-360m", "smollm2-1.7b", "qwen2.5-0.5b"} <= {
         e.id for e in entries
     }

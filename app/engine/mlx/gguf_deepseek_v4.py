@@ -16,63 +16,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from app.engine.mlx.deepseek_v4 import Model, ModelArgs
+from app.engine.mlx.deepseek_v4.names import gguf_to_model
 from app.engine.protocol import ModelLoadError
 
 ARCHITECTURE = "deepseek4"
-# GGUF tensor -> module whose parameters it fills (".weight", ".scales", ... appended)
-_GLOBAL_MODULES = {"token_embd": "embed", "output_norm": "norm", "output": "head"}
-_LAYER_MODULES = {
-    "attn_norm": "attn_norm",
-    "attn_q_a": "attn.wq_a",
-    "attn_q_a_norm": "attn.q_norm",
-    "attn_q_b": "attn.wq_b",
-    "attn_kv": "attn.wkv",
-    "attn_kv_a_norm": "attn.kv_norm",
-    "attn_output_a": "attn.wo_a",
-    "attn_output_b": "attn.wo_b",
-    "attn_compressor_kv": "attn.compressor.wkv",
-    "attn_compressor_gate": "attn.compressor.wgate",
-    "attn_compressor_norm": "attn.compressor.norm",
-    "indexer.proj": "attn.indexer.weights_proj",
-    "indexer.attn_q_b": "attn.indexer.wq_b",
-    "indexer_compressor_kv": "attn.indexer.compressor.wkv",
-    "indexer_compressor_gate": "attn.indexer.compressor.wgate",
-    "indexer_compressor_norm": "attn.indexer.compressor.norm",
-    "ffn_norm": "ffn_norm",
-    "ffn_gate_exps": "ffn.switch_mlp.gate_proj",
-    "ffn_up_exps": "ffn.switch_mlp.up_proj",
-    "ffn_down_exps": "ffn.switch_mlp.down_proj",
-    "ffn_gate_shexp": "ffn.shared_experts.w1",
-    "ffn_down_shexp": "ffn.shared_experts.w2",
-    "ffn_up_shexp": "ffn.shared_experts.w3",
-}
-# The MTP block's own tensors (the rest of block n_layer maps as a layer's, under mtp.0.block)
-_NEXTN_MODULES = {
-    "nextn.eh_proj": "eh_proj",
-    "nextn.enorm": "enorm",
-    "nextn.hnorm": "hnorm",
-    "nextn.shared_head_norm": "norm",
-}
-# GGUF tensor -> the one parameter it is
-_GLOBAL_ARRAYS = {
-    "output_hc_fn": "hc_head_fn",
-    "output_hc_base": "hc_head_base",
-    "output_hc_scale": "hc_head_scale",
-}
-_LAYER_ARRAYS = {
-    "attn_sinks": "attn.attn_sink",
-    "attn_compressor_ape": "attn.compressor.ape",
-    "indexer_compressor_ape": "attn.indexer.compressor.ape",
-    "hc_attn_fn": "hc_attn.fn",
-    "hc_attn_base": "hc_attn.base",
-    "hc_attn_scale": "hc_attn.scale",
-    "hc_ffn_fn": "hc_ffn.fn",
-    "hc_ffn_base": "hc_ffn.base",
-    "hc_ffn_scale": "hc_ffn.scale",
-    "ffn_gate_inp": "ffn.gate.weight",
-    "ffn_gate_tid2eid": "ffn.gate.tid2eid",
-    "exp_probs_b": "ffn.gate.bias",
-}
 
 
 def model_args(metadata: dict[str, Any]) -> ModelArgs:
@@ -148,23 +95,6 @@ def model_args(metadata: dict[str, Any]) -> ModelArgs:
         raise ModelLoadError(f"The GGUF's DeepSeek V4 settings do not fit together: {exc}") from exc
 
 
-def mlx_name(gguf_name: str, mtp_block: int = -1) -> str | None:
-    """The `deepseek_v4.Model` parameter a GGUF tensor fills (None: not one of its tensors);
-    block `mtp_block` is the MTP block."""
-    base, _, suffix = gguf_name.rpartition(".")
-    modules, arrays, prefix = _GLOBAL_MODULES, _GLOBAL_ARRAYS, ""
-    if base.startswith("blk."):
-        _, layer, base = base.split(".", 2)
-        modules, arrays, prefix = _LAYER_MODULES, _LAYER_ARRAYS, f"layers.{layer}."
-        if int(layer) == mtp_block:
-            if base in _NEXTN_MODULES:
-                return f"mtp.0.{_NEXTN_MODULES[base]}.{suffix}"
-            prefix = "mtp.0.block."
-    if base in arrays:
-        return prefix + arrays[base]
-    return f"{prefix}{modules[base]}.{suffix}" if base in modules else None
-
-
 def build(weights: dict[str, mx.array], metadata: dict[str, Any]) -> nn.Module:
     """The DeepSeek V4 model holding the GGUF's tensors (quantized ones stay quantized)."""
     args = model_args(metadata)
@@ -173,7 +103,7 @@ def build(weights: dict[str, mx.array], metadata: dict[str, Any]) -> nn.Module:
     unknown = []
     mtp_block = args.num_hidden_layers if args.mtp_layers else -1
     for name, tensor in weights.items():
-        target = mlx_name(name, mtp_block)
+        target = gguf_to_model(name, mtp_block)
         if target is None:
             unknown.append(name)
         else:

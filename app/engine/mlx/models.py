@@ -8,6 +8,7 @@ model itself.
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from app.engine.gguf_info import GGUFInfo, inspect_gguf, split_parts
 from app.engine.mlx.gguf_vocab import GGUFVocab, read_vocab
-from app.engine.mlx.registry import FOLDER_MODULES, GGUF_BUILDERS
+from app.engine.mlx.registry import FOLDER_MODULES, GGUF_BUILDERS, mlx_bytes, not_compact
 from app.engine.mlx.tokenizer import GGUFTokenizer, HFTokenizer, MlxTokenizer
 from app.engine.model_file import check_gguf, fingerprint
 from app.engine.protocol import ModelLoadError
@@ -25,6 +27,7 @@ from app.engine.protocol import ModelLoadError
 if TYPE_CHECKING:
     from app.engine.llamacpp.backend import Vocab
 
+GIB = 1 << 30
 GGUFBuilder = Callable[[dict[str, mx.array], dict[str, Any]], nn.Module]
 
 
@@ -91,7 +94,9 @@ def _fit_device(model: nn.Module, *, gguf: bool) -> nn.Module:
         from mlx_lm.utils import dequantize_model
 
         model.set_dtype(mx.float32)
-        return dequantize_model(model)
+        model = dequantize_model(model)
+        model.set_dtype(mx.float32)  # float-block modes (mxfp4, mxfp8) expand to bfloat16
+        return model
     if gguf:
         model.set_dtype(mx.float16)
     return model
@@ -100,14 +105,7 @@ def _fit_device(model: nn.Module, *, gguf: bool) -> nn.Module:
 def _load_gguf(path: Path) -> LoadedModel:
     from app.engine.mlx.gguf_llama import meta_value
 
-    try:
-        weights, metadata = mx.load(str(path), return_metadata=True)
-    except (RuntimeError, ValueError) as exc:
-        raise ModelLoadError(
-            f"Could not load the model {path.name}: MLX could not read it ({exc}). The file "
-            "may be truncated or damaged, or hold tensor types MLX does not read (it reads "
-            "F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, Q2_K); try the llama.cpp engine."
-        ) from exc
+    weights, metadata = _read_gguf(path)
     architecture = meta_value(metadata, "general.architecture")
     if not architecture or not weights:
         raise ModelLoadError(
@@ -139,7 +137,40 @@ def _load_gguf(path: Path) -> LoadedModel:
         add_bos=vocab.add_bos,
         bos_id=bos if bos >= 0 else None,
         eog_ids=vocab.eog_ids(),
-        size_bytes=path.stat().st_size,
+        size_bytes=sum(part.stat().st_size for part in split_parts(path)),
+    )
+
+
+def _read_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
+    """Every tensor the file's table names, kept compact, and its metadata. `mx.load` reads
+    what it can; the rest (after an MXFP4 tensor, in later parts of a split model) is read by
+    the table (`gguf_tensors`). A file MLX would expand to float16 is refused in words."""
+    from app.engine.mlx import gguf_tensors
+
+    info = inspect_gguf(path)
+    heavy = not_compact(info)
+    if heavy:
+        raise ModelLoadError(expansion_refusal(path.name, info, heavy))
+    try:
+        weights, metadata = mx.load(str(info.files[0]), return_metadata=True)
+    except (RuntimeError, ValueError) as exc:
+        raise ModelLoadError(
+            f"Could not load the model {path.name}: MLX could not read it ({exc}). The file "
+            "may be truncated or damaged; download it again or try the llama.cpp engine."
+        ) from exc
+    absent = gguf_tensors.missing(info, weights)
+    if absent:
+        weights.update(gguf_tensors.read(info, absent))
+    return weights, metadata
+
+
+def expansion_refusal(name: str, info: GGUFInfo, heavy: Counter[str]) -> str:
+    """Why MLX does not run a file of K-quant/IQ tensors, in one line with the numbers."""
+    types = ", ".join(sorted(heavy))
+    return (
+        f"MLX would expand {name}'s {types} tensors to float16: about "
+        f"{mlx_bytes(info) / GIB:,.0f} GiB in memory for a {info.total_bytes / GIB:,.0f} GiB "
+        "file. The llama.cpp engine runs it at its own size; choose it for this model."
     )
 
 
@@ -162,10 +193,18 @@ def _model_classes(config: dict[str, Any]) -> tuple[type, type]:
 
 
 def _load_folder(folder: Path) -> LoadedModel:
+    from mlx_lm.utils import load_config
     from mlx_lm.utils import load_model as mlx_lm_load_model
 
     try:
-        model, config = mlx_lm_load_model(folder, get_model_classes=_model_classes)
+        own = load_config(folder).get("model_type") in FOLDER_MODULES
+        # Stoke's own modules quantize themselves from the tensors in `sanitize` (mixed
+        # recipes, every mode); mlx-lm's pass over config.json's `quantization` would then
+        # meet layers already quantized.
+        overrides = {"quantization": None, "quantization_config": None} if own else None
+        model, config = mlx_lm_load_model(
+            folder, model_config=overrides, get_model_classes=_model_classes
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"Could not load the model {folder.name}: {exc}") from exc
     model = _fit_device(model, gguf=False)

@@ -20,7 +20,8 @@ One architecture in mlx-lm's style: a `ModelArgs` dataclass, small modules, a `M
 
 The parts live in small modules: `args` (ModelArgs), `layers` (RMS norm, RoPE), `cache`
 (DeepseekV4Cache: what it holds and what trimming can reach), `compressor`, `moe`, `hyper`
-(hyper-connections), `weights` (checkpoint tensors as parameters) and `mtp` (the MTP block
+(hyper-connections), `names` (the tensor names of every published format), `weights`
+(checkpoint tensors as parameters) and `mtp` (the MTP block
 as a drafter's head, one window cache per conversation). This module holds the attention, the
 lightning indexer, the MTP block (`MtpBlock`, a GGUF's NextN layer) and the model itself;
 the indexer calls `top_k_indices` through this module's globals, so a benchmark can swap the
@@ -293,9 +294,9 @@ class Model(nn.Module):
 
     @property
     def compute_dtype(self) -> mx.Dtype:
-        """The activations' type: the weights' (the scales' when they are quantized)."""
-        head = self.head
-        return head.scales.dtype if hasattr(head, "scales") else head.weight.dtype
+        """The activations' type: the final norm's, which every format keeps in the model's
+        float type (a quantized head's scales are uint8 in the float-block modes)."""
+        return self.norm.weight.dtype
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """A Hugging Face DeepSeek V4 checkpoint (or an MLX one) as this model's parameters.

@@ -1,5 +1,7 @@
-"""Checkpoint tensors as `Model` parameters: Hugging Face names and layouts mapped onto the
-modules, FP8 block-scaled matrices dequantized, FP4 experts kept packed as MLX mxfp4."""
+"""Checkpoint tensors as `Model` parameters: any published dialect's names (`names`) and
+layouts mapped onto the modules, FP8 block-scaled matrices dequantized, FP4 experts kept packed
+as MLX mxfp4, and MLX-quantized modules (any mode, bits and group size, mixed per layer) swapped
+in where the tensors are packed."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from app.engine.mlx.deepseek_v4.args import ModelArgs
+from app.engine.mlx.deepseek_v4.names import canonical
 from app.engine.mlx.lm import packed_config
 
 _PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
@@ -46,16 +49,15 @@ def sanitize_checkpoint(args: ModelArgs, weights: dict[str, mx.array]) -> dict[s
     """`Model.sanitize` without the quantized-layer swap (its docstring says what it does)."""
     out: dict[str, mx.array] = {}
     experts: dict[str, list[tuple[int, mx.array, mx.array | None]]] = {}
-    for name, value in weights.items():
-        quant_scale = name.endswith(".scale") and name[:-6] + ".weight" in weights
+    named = {ours: value for name, value in weights.items() if (ours := canonical(name))}
+    for name, value in named.items():
+        quant_scale = name.endswith(".scale") and name[:-6] + ".weight" in named
         hf_mtp = name.startswith("mtp.") and not args.mtp_layers  # a GGUF's is kept (mtp.0.)
-        if hf_mtp or name.endswith(".bias_vl") or quant_scale:
+        beyond = name.startswith("layers.") and int(name.split(".")[1]) >= args.num_hidden_layers
+        if hf_mtp or beyond or name.endswith(".bias_vl") or quant_scale:
             continue
         layer, _, rest = name.removeprefix("layers.").partition(".")
-        if name.startswith("layers.") and rest.startswith(("hc_attn_", "hc_ffn_")):
-            stage, _, part = rest.partition("_")[2].partition("_")
-            name = f"layers.{layer}.hc_{stage}.{part}"
-        scale = weights.get(name.removesuffix(".weight") + ".scale")
+        scale = named.get(name.removesuffix(".weight") + ".scale")
         if rest.startswith("ffn.experts."):
             expert, proj, _ = rest.removeprefix("ffn.experts.").split(".")
             experts.setdefault(f"layers.{layer}.ffn.switch_mlp.{_PROJ[proj]}", []).append(
@@ -69,7 +71,7 @@ def sanitize_checkpoint(args: ModelArgs, weights: dict[str, mx.array]) -> dict[s
             value = value.astype(mx.int32)
         elif scale is not None:
             value = _dequantize_fp8(value, scale)
-        if ".attn.wo_a." in name and value.ndim == 2:
+        if ".attn.wo_a." in name and value.ndim == 2:  # official: flat; MLX's: 3-D already
             value = value.reshape(args.o_groups, args.o_lora_rank, -1)
         out[name] = value
     for path, parts in experts.items():
