@@ -23,6 +23,7 @@ from typing import Any
 
 from app import resources
 from app.engine.gguf_info import GGUFInfo
+from app.engine.mlx.registry import GGUF_COMPACT_TYPES
 from app.hardware.detect import Hardware
 from app.hardware.planner import DeviceBudget, Plan, plan
 
@@ -95,6 +96,8 @@ class Fit:
     speed: str | None
     basis: str
     detail: str = ""
+    engine: str = ""  # "MLX" or "llama.cpp": what runs the entry here (`engine_for`)
+    engine_reason: str = ""
 
 
 PLAN_CONTEXT = 65_536  # the context a catalog verdict plans for (stoke plan's default)
@@ -102,14 +105,41 @@ FLASH_LAYOUT = "flash_layout.json"  # in app/resources
 
 
 def assess(entry: CatalogEntry, hardware: Hardware) -> Fit:
-    """The verdict for `entry`: the planner's where it knows the layout, else the size rule."""
+    """The verdict for `entry`: the planner's where it knows the layout, else the size rule;
+    with the engine that will run it here."""
+    engine = engine_for(entry, hardware)
     if entry.format == "gguf" and entry.family == "DeepSeek V4 Flash":
         try:
-            return _planned(entry, hardware)
+            return dataclasses.replace(_planned(entry, hardware), **engine)
         except OSError:  # the shipped layout cannot be read (a broken install): judge by size
             pass
     fit = _size_verdict(entry, hardware)
-    return Fit(fit, _speed_from_size(entry, hardware, fit), "size")
+    return Fit(fit, _speed_from_size(entry, hardware, fit), "size", **engine)
+
+
+def engine_for(entry: CatalogEntry, hardware: Hardware) -> dict[str, str]:
+    """Which engine runs `entry` on this machine and why, as `engine_choice` will decide once
+    the file is here: an MLX folder on MLX; a GGUF on MLX on Apple Silicon when every tensor
+    type its quantization names stays compact there, else on llama.cpp."""
+    if entry.format == "mlx":
+        if hardware.apple is not None:
+            return {"engine": "MLX", "engine_reason": "an MLX folder, on the GPU"}
+        return {
+            "engine": "MLX",
+            "engine_reason": "MLX folders run on Apple Silicon (elsewhere MLX's CUDA or CPU "
+            "build); on this machine choose a GGUF",
+        }
+    if hardware.apple is None:
+        return {"engine": "llama.cpp", "engine_reason": "GGUF on CPUs and NVIDIA/AMD GPUs"}
+    types = {t.strip().removeprefix("UD-") for t in (entry.quant or "").split("/")}
+    heavy = sorted(t for t in types if t not in GGUF_COMPACT_TYPES)
+    if heavy:
+        return {
+            "engine": "llama.cpp",
+            "engine_reason": f"its {', '.join(heavy)} tensors have no compact MLX form: "
+            "llama.cpp (Metal) runs the file at its own size",
+        }
+    return {"engine": "MLX", "engine_reason": "its tensors stay compact on MLX, on the GPU"}
 
 
 def verdict(entry: CatalogEntry, hardware: Hardware) -> str:

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app import paths
+from app.engine.choice import platform_choice
 from app.engine.gguf_info import inspect_gguf
+from app.engine.mlx.registry import mlx_bytes
 from app.engine.model_file import fingerprint
 from app.engine.protocol import ModelLoadError
 from app.models import load_settings
@@ -689,3 +691,25 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which engine runs a library model on this machine (when nobody chose), why, and about
+    how much memory its weights take there."""
+
+    engine: str
+    reason: str
+    memory_bytes: int
+
+
+def placement(model: ModelEntry) -> Placement:
+    """`model`'s `Placement`: a GGUF on MLX holds its compact tensors at their size and would
+    expand the others (the engine choice sends such a file to llama.cpp); llama.cpp and MLX
+    folders hold what is on disk."""
+    choice = platform_choice(model.path)
+    memory = model.size_bytes
+    if model.format == "gguf" and choice.engine == "mlx":
+        with contextlib.suppress(OSError, ModelLoadError):
+            memory = mlx_bytes(inspect_gguf(model.path))
+    return Placement(choice.engine, choice.reason, memory)

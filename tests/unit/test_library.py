@@ -386,3 +386,16 @@ def test_flagship_verdict_falls_back_to_size_when_the_layout_cannot_be_built(
     q2 = {e.id: e for e in catalog.load_catalog()}["deepseek-v4-flash-q2"]
     fit = catalog.assess(q2, machine(gpus=4, gpu_gib=12, ram_gib=128))
     assert (fit.basis, fit.verdict) == ("size", catalog.FITS_EXPERT_OFFLOAD)
+
+
+def test_each_entry_names_the_engine_that_runs_it_here() -> None:
+    entries = {e.id: e for e in catalog.load_catalog()}
+    mac = machine(ram_gib=192, apple=True)
+    q4 = catalog.assess(entries["deepseek-v4-flash-q4"], mac)
+    assert q4.engine == "llama.cpp" and "Q4_K" in q4.engine_reason
+    assert catalog.assess(entries["deepseek-v4-flash-mxfp4"], mac).engine == "MLX"
+    assert catalog.assess(entries["deepseek-v4-flash-mlx-4bit"], mac).engine == "MLX"
+    pc = machine(gpus=4, gpu_gib=12, ram_gib=128)
+    assert catalog.assess(entries["deepseek-v4-flash-mxfp4"], pc).engine == "llama.cpp"
+    folder_on_pc = catalog.assess(entries["deepseek-v4-flash-mlx-4bit"], pc)
+    assert "Apple Silicon" in folder_on_pc.engine_reason

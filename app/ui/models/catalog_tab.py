@@ -64,9 +64,14 @@ class CatalogCard(QFrame):
             f"Download {entry.name}",
             f"Download {decimal_bytes(entry.size_bytes)} from {entry.repo}",
         )
+        self.engine_label = text_label("", "muted", self)
+        self.engine_label.setWordWrap(True)
+        self.engine_label.setAccessibleName("Engine on this machine")
+        self.engine_label.hide()  # until the machine is known
         grid.addWidget(title, 0, 0)
         grid.addWidget(meta, 1, 0)
         grid.addWidget(notes, 2, 0)
+        grid.addWidget(self.engine_label, 4, 0)
         self.note: QLabel | None = None
         self._state, self._where, self._fits = "download", "", True
         if not entry.checked:
@@ -84,7 +89,7 @@ class CatalogCard(QFrame):
         side.addWidget(self.size_label, 0, Qt.AlignmentFlag.AlignRight)
         side.addWidget(self.download_button, 0, Qt.AlignmentFlag.AlignRight)
         side.addStretch(1)
-        grid.addLayout(side, 0, 1, 4, 1)
+        grid.addLayout(side, 0, 1, 5, 1)
         grid.setColumnStretch(0, 1)
 
     def set_fit(self, text: str) -> None:
@@ -187,6 +192,9 @@ class CatalogTab:
         for entry_id, fit in fits.items():
             card = self.cards[entry_id]
             card.set_fit(fit.verdict)
+            if fit.engine:
+                card.engine_label.setText(f"Runs on {fit.engine}: {fit.engine_reason}.")
+                card.engine_label.show()
             notes = [card.badge.toolTip()]
             if fit.basis == "planner" and fit.detail:
                 notes.append(f"Offload planner: {fit.detail}.")

@@ -45,7 +45,7 @@ from PySide6.QtWidgets import (
 
 from app import paths
 from app.models import load_settings
-from app.models.library import ImportMode, LibraryError, ModelEntry
+from app.models.library import ImportMode, LibraryError, ModelEntry, placement
 from app.ui.a11y import described
 from app.ui.models.import_dialog import ImportDialog
 from app.ui.models.widgets import ElidedLabel, EmptyState, confirm, pill, tab_page, text_label
@@ -453,9 +453,13 @@ class LibraryTab:
         self.details_stack.setCurrentIndex(1)
         self.details_name.setText(model.name)
         kind = "mixture-of-experts" if model.expert_count else "dense"
-        engine = "llama.cpp" if model.format == "gguf" else "MLX"
+        where = placement(model)
         bundled = f" · {BUNDLED_TIP}" if model.bundled else ""
-        self.details_summary.setText(f"A {kind} model for {engine}{bundled}")
+        self.details_summary.setText(
+            f"A {kind} model. Runs here on {where.engine}, about "
+            f"{decimal_bytes(where.memory_bytes)} in memory{bundled}"
+        )
+        self.details_summary.setToolTip(f"{where.engine}: {where.reason}")
         facts = {
             "Format": "GGUF" if model.format == "gguf" else "MLX folder",
             "Architecture": model.architecture or "unknown",
