@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import argparse
 
-from app.bench import attach, cpu_buffers, decode, kv, prefill, serve, ui_stall
+from app.bench import (
+    attach,
+    cpu_buffers,
+    decode,
+    deepseek_v4_reference,
+    kv,
+    prefill,
+    serve,
+    ui_stall,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="benchmarks (see app/bench/)")
     benchmarks = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    for bench in (kv, ui_stall, attach, serve, cpu_buffers, decode, prefill):
+    for bench in (kv, ui_stall, attach, serve, cpu_buffers, decode, prefill, deepseek_v4_reference):
         bench.add_parser(benchmarks)

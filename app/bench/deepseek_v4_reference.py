@@ -1,0 +1,170 @@
+"""`stoke bench dsv4-reference`: Stoke's DeepSeek V4 model beside mlx-vlm's, on the same weights.
+
+Stoke's model was written by hand after llama.cpp's graph; mlx-vlm 0.7.10 ships a well-kept
+DeepSeek V4. Whether to keep Stoke's own rests on this: one folder in DeepSeek's release
+format (a scaled model with every structural feature, `deepseek_v4_formats`) is loaded by
+both, each as its engine holds it on this device (on MLX's CPU build: expanded to float32),
+and in one process, rounds interleaved so a busy machine slows both alike:
+
+- exactness: the largest logit difference and top-1 agreement over a prompt;
+- prefill tok/s: the prompt in one call, from an empty cache;
+- decode tok/s: one token per call after a short prompt, each model with its own cache.
+
+The table shows medians and Stoke / mlx-vlm ratios; `--json` writes them with the machine.
+mlx-vlm's top-k indexer runs exact (its HISA block selection off), as DeepSeek's model does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROUNDS = 3
+PAR = 0.95  # a ratio this close to 1 is noise on a shared machine, not a slower model
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "dsv4-reference",
+        help="Stoke's DeepSeek V4 model vs mlx-vlm's on the same weights (needs mlx-vlm)",
+    )
+    parser.add_argument("--prompt", type=int, default=512, help="prefill tokens per run")
+    parser.add_argument("--decode", type=int, default=32, help="decoded tokens per run")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="runs of each row (median)")
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    parser.set_defaults(run=main)
+
+
+def _prefill(model: Any, tokens: list[int]) -> float:
+    import mlx.core as mx
+
+    cache = model.make_cache()
+    start = time.perf_counter()
+    out = model(mx.array([tokens]), cache=cache)
+    mx.eval(getattr(out, "logits", out))
+    return len(tokens) / (time.perf_counter() - start)
+
+
+def _decode(model: Any, prompt: list[int], n: int) -> float:
+    import mlx.core as mx
+
+    cache = model.make_cache()
+    out = model(mx.array([prompt]), cache=cache)
+    token = mx.argmax(getattr(out, "logits", out)[0, -1])
+    mx.eval(token)
+    start = time.perf_counter()
+    for _ in range(n):
+        out = model(token.reshape(1, 1), cache=cache)
+        token = mx.argmax(getattr(out, "logits", out)[0, -1])
+        mx.eval(token)
+    return n / (time.perf_counter() - start)
+
+
+def measure(prompt: int, decode: int, rounds: int) -> dict[str, Any]:
+    """Load both models from one release folder and measure them side by side."""
+    import mlx.core as mx
+    import numpy as np
+
+    from app.bench import deepseek_v4_formats as formats
+    from app.engine.mlx.models import _fit_device, _model_classes
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source, _, _ = formats.source_model(Path(tmp))
+        folder = Path(tmp) / "official"
+        formats.write_official(source, folder)
+        from mlx_lm.utils import load_model
+
+        stoke, _ = load_model(folder, get_model_classes=_model_classes)
+        models = {
+            "stoke": _fit_device(stoke, gguf=False),
+            "mlx-vlm": formats.reference_model(folder),
+        }
+        for model in models.values():
+            mx.eval(model.parameters())  # read before the folder goes
+    tokens = np.random.default_rng(7).integers(2, source.args.vocab_size, prompt).tolist()
+    ours, theirs = (formats.logits(models[name], tokens) for name in ("stoke", "mlx-vlm"))
+    runs: dict[str, dict[str, list[float]]] = {n: {"prefill": [], "decode": []} for n in models}
+    short = tokens[:64]
+    steps: list[tuple[str, str, Callable[[], float]]] = [
+        (name, kind, fn)
+        for name, model in models.items()
+        for kind, fn in (
+            ("prefill", lambda m=model: _prefill(m, tokens)),
+            ("decode", lambda m=model: _decode(m, short, decode)),
+        )
+    ]
+    for _ in range(rounds):
+        for name, kind, fn in steps:
+            runs[name][kind].append(fn())
+    medians = {n: {k: statistics.median(v) for k, v in kinds.items()} for n, kinds in runs.items()}
+    return {
+        "device": str(mx.default_device()),
+        "machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
+        "prompt_tokens": prompt,
+        "decode_tokens": decode,
+        "rounds": rounds,
+        "max_abs_logit_diff": float(np.abs(ours - theirs).max()),
+        "top1_agreement": formats.top1_agreement(ours, theirs),
+        "tok_s": medians,
+        "runs": runs,
+        "ratio": {k: medians["stoke"][k] / medians["mlx-vlm"][k] for k in ("prefill", "decode")},
+    }
+
+
+def decision(report: dict[str, Any]) -> str:
+    """Keep Stoke's model only where it is as exact and at least as fast (within noise)."""
+    exact = report["top1_agreement"] >= 0.99
+    fast = min(report["ratio"].values()) >= PAR
+    if exact and fast:
+        return "keep Stoke's model: as exact as mlx-vlm's and at least as fast"
+    if not exact:
+        return "the models disagree: find which one is wrong before choosing"
+    slow = ", ".join(k for k, r in report["ratio"].items() if r < PAR)
+    return f"Stoke's model is slower at {slow}: build on mlx-vlm's there, or find the cause"
+
+
+def table(report: dict[str, Any]) -> str:
+    tok = report["tok_s"]
+    rows = [
+        f"DeepSeek V4 (scaled, {report['device']}): Stoke vs mlx-vlm, same weights, "
+        f"medians of {report['rounds']}",
+        f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13}",
+        *(
+            f"{name:10} {tok[name]['prefill']:14.1f} {tok[name]['decode']:13.1f}"
+            for name in ("stoke", "mlx-vlm")
+        ),
+        f"{'ratio':10} {report['ratio']['prefill']:13.2f}x {report['ratio']['decode']:12.2f}x",
+        f"max |logit difference| {report['max_abs_logit_diff']:.2e}, "
+        f"top-1 agreement {report['top1_agreement']:.1%} over {report['prompt_tokens']} tokens",
+        f"decision: {report['decision']}",
+    ]
+    return "\n".join(rows)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        from app.bench import deepseek_v4_formats as formats
+
+        formats.vlm_classes()
+    except ImportError:
+        from app.bench.deepseek_v4_formats import MLX_VLM
+
+        print(
+            "This benchmark runs on MLX and compares with mlx-vlm's DeepSeek V4; one of them "
+            "is not installed. Install mlx-vlm without its dependencies: "
+            f"pip install --no-deps '{MLX_VLM}' pillow"
+        )
+        return 2
+    report = measure(args.prompt, args.decode, args.rounds)
+    report["decision"] = decision(report)
+    print(table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
+    return 0
