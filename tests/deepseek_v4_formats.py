@@ -69,6 +69,7 @@ RECIPES: dict[str, tuple[int, int, str] | str] = {
     "q6-g128": (128, 6, "affine"),
     "mxfp4": (32, 4, "mxfp4"),
     "mxfp8": (32, 8, "mxfp8"),
+    "nvfp4": (16, 4, "nvfp4"),
     "mixed_2_6": "mixed_2_6",
 }
 

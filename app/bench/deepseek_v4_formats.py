@@ -36,11 +36,12 @@ FP8_SCALE_EXPONENT = 124  # E8M0 byte: 2**(124 - 127) = 1/8
 MLX_VLM = "mlx-vlm==0.7.10"
 
 
-def source_model(folder: Path, seed: int = 4) -> tuple[Model, dict[str, Any], Path]:
-    """Stoke's model of a scaled float32 GGUF's weights, the GGUF's metadata, and the GGUF."""
+def source_model(folder: Path, seed: int = 4, **dims: int) -> tuple[Model, dict[str, Any], Path]:
+    """Stoke's model of a scaled float32 GGUF's weights (`dims` override the scaled sizes),
+    the GGUF's metadata, and the GGUF."""
     from app.engine.mlx.gguf_deepseek_v4 import build
 
-    gguf = write_deepseek4(folder / "source.gguf", mode="scaled", seed=seed, weights="f32")
+    gguf = write_deepseek4(folder / "source.gguf", mode="scaled", seed=seed, weights="f32", **dims)
     weights, metadata = mx.load(str(gguf), return_metadata=True)
     model = build(weights, metadata)
     model.set_dtype(mx.float32)
@@ -158,8 +159,8 @@ def reference_model(folder: Path, **overrides: Any) -> nn.Module:
         in_dims = shapes[f"{stem}.weight"][-1]
         bits = packed.shape[-1] * 32 // in_dims
         group_size = in_dims // scales.shape[-1]
-        if biases is None:  # float-block scales are exponent bytes
-            mode = {4: "mxfp4", 8: "mxfp8"}[bits]
+        if biases is None:  # float-block scales are bytes: E8M0 per 32, or E4M3 per 16
+            mode = {(4, 32): "mxfp4", (8, 32): "mxfp8", (4, 16): "nvfp4"}[bits, group_size]
         else:  # affine: expanded in float32, not in the scales' bfloat16
             mode, scales, biases = "affine", scales.astype(mx.float32), biases.astype(mx.float32)
         weights[f"{stem}.weight"] = mx.dequantize(

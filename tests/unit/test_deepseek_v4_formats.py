@@ -23,7 +23,7 @@ from tests import deepseek_v4_formats as formats
 TOKENS = np.random.default_rng(1).integers(2, 512, 128).tolist()  # 32 rows per 4:1 layer > top-k 8
 # the largest relative RMS error of any matrix, by the fewest bits a recipe stores
 ERROR_BY_BITS = {2: 0.5, 3: 0.3, 4: 0.15, 5: 0.08, 6: 0.05, 8: 0.04}
-FEWEST_BITS = {"mxfp4": 4, "mxfp8": 8, "mixed_2_6": 2, "mlx-vlm": 8}
+FEWEST_BITS = {"mxfp4": 4, "mxfp8": 8, "nvfp4": 4, "mixed_2_6": 2, "mlx-vlm": 8}
 
 
 @pytest.fixture(scope="module")

@@ -130,3 +130,20 @@ def test_k_quants_go_to_llamacpp_on_a_mac(tmp_path: Path, monkeypatch: pytest.Mo
     assert k_quants.engine == "llama.cpp" and "Q4_K" in k_quants.reason
     mxfp4 = write(tmp_path / "e.gguf", [("e.weight", matrix(8), Q.MXFP4)], arch="deepseek4")
     assert choice.choose_engine(LoadOptions(str(mxfp4))).engine == "mlx"
+
+
+def test_a_split_model_is_read_from_every_part(tmp_path: Path) -> None:
+    """mx.load reads one file; a model published in parts has its tensors in all of them."""
+    writer = GGUFWriter(tmp_path / "m.gguf", "llama", split_max_tensors=1)
+    writer.add_block_count(1)
+    for name, seed in (("a.weight", 9), ("b.weight", 10)):
+        writer.add_tensor(name, quantize(matrix(seed), Q.Q8_0), raw_dtype=Q.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    first = tmp_path / "m-00001-of-00002.gguf"
+    assert set(mx.load(str(first))) == {"a.weight", "a.scales", "a.biases"}
+    weights, _ = _read_gguf(first)
+    b = mx.dequantize(weights["b.weight"], weights["b.scales"], weights["b.biases"], 32, 8)
+    assert np.allclose(np.array(b), matrix(10), atol=0.05)

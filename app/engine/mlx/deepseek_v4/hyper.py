@@ -34,17 +34,30 @@ class HyperMix(nn.Module):
 
     def collapse(self, h: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         """h [L, hc, E] -> the sublayer input [L, E], and the post gains and stream mix."""
-        hc, n_q = self._hc, h.shape[0]
-        flat = rms_norm(h.reshape(n_q, -1), self._norm_eps)
+        flat = rms_norm(h.reshape(h.shape[0], -1), self._norm_eps)
         mixes = flat @ self.fn.T
-        pre = mx.sigmoid(mixes[:, :hc] * self.scale[0] + self.base[:hc]) + self._eps
-        post = 2 * mx.sigmoid(mixes[:, hc : 2 * hc] * self.scale[1] + self.base[hc : 2 * hc])
-        comb = mixes[:, 2 * hc :] * self.scale[2] + self.base[2 * hc :]
-        comb = _sinkhorn(comb.reshape(n_q, hc, hc), self._iters, self._eps)
-        return (pre[..., None] * h).sum(axis=1), post, comb
+        return _collapse(h, mixes, self.scale, self.base, self._hc, self._iters, self._eps)
 
     @staticmethod
     def expand(y: mx.array, h: mx.array, post: mx.array, comb: mx.array) -> mx.array:
         """The sublayer output y [L, E] spread back over the streams, plus the mixed residual."""
-        mixed = (comb[..., None] * h[:, :, None, :]).sum(axis=1)  # [L, dst, E]
-        return y[:, None, :] * post[..., None] + mixed
+        return _expand(y, h, post, comb)
+
+
+# The hyper-connections' many small element-wise ops (twice per layer and token) compiled into
+# a few kernels: decode spent more time launching them than in the matmuls around them.
+@mx.compile
+def _collapse(
+    h: mx.array, mixes: mx.array, scale: mx.array, base: mx.array, hc: int, iters: int, eps: float
+) -> tuple[mx.array, mx.array, mx.array]:
+    pre = mx.sigmoid(mixes[:, :hc] * scale[0] + base[:hc]) + eps
+    post = 2 * mx.sigmoid(mixes[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
+    comb = mixes[:, 2 * hc :] * scale[2] + base[2 * hc :]
+    comb = _sinkhorn(comb.reshape(-1, hc, hc), iters, eps)
+    return (pre[..., None] * h).sum(axis=1), post, comb
+
+
+@mx.compile
+def _expand(y: mx.array, h: mx.array, post: mx.array, comb: mx.array) -> mx.array:
+    mixed = (comb[..., None] * h[:, :, None, :]).sum(axis=1)  # [L, dst, E]
+    return y[:, None, :] * post[..., None] + mixed
