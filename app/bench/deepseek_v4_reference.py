@@ -70,18 +70,21 @@ def _decode(model: Any, prompt: list[int], n: int) -> float:
 def _pair(**dims: int) -> dict[str, Any]:
     """Stoke's and mlx-vlm's models of one release folder, as each engine holds them here."""
     import mlx.core as mx
-    from mlx_lm.utils import load_model
 
     from app.bench import deepseek_v4_formats as formats
-    from app.engine.mlx.models import _fit_device, _model_classes
+    from app.engine.mlx.deepseek_v4 import Model, ModelArgs
+    from app.engine.mlx.fit import fit_device
 
     with tempfile.TemporaryDirectory() as tmp:
         source, _, _ = formats.source_model(Path(tmp), **dims)
         folder = Path(tmp) / "official"
         formats.write_official(source, folder)
-        stoke, _ = load_model(folder, get_model_classes=_model_classes)
+        # mlx-lm's loader, without importing mlx_lm.utils (and through it transformers)
+        stoke = Model(ModelArgs.from_dict(json.loads((folder / "config.json").read_text())))
+        weights = mx.load(str(next(folder.glob("*.safetensors"))))
+        stoke.load_weights(list(stoke.sanitize(weights).items()), strict=True)
         models = {
-            "stoke": _fit_device(stoke, gguf=False),
+            "stoke": fit_device(stoke, gguf=False),
             "mlx-vlm": formats.reference_model(folder),
         }
         for model in models.values():

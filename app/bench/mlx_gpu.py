@@ -11,7 +11,7 @@ imports llama.cpp (its GGUF tokenizer is mlx/gguf_vocab.py) nor transformers (ml
 MLX stage
 
 1. checks that MLX computes on the GPU and keeps the default model quantized there (q_proj
-   a 4-bit QuantizedLinear, the embedding a QuantizedEmbedding: models._fit_device expands
+   a 4-bit QuantizedLinear, the embedding a QuantizedEmbedding: fit.fit_device expands
    them only on a CPU), timing the load and the first and second forward (the first compiles
    MLX's CUDA kernels);
 2. on the DeepSeek V4 scaled GGUF (synthetic, random Q8_0 weights, gpt-2 pre-tokenizer, which

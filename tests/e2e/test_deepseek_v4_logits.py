@@ -92,7 +92,8 @@ def test_mxfp4_experts_stay_mxfp4_and_match_llamacpp(tmp_path: Path, tokens: lis
     products; on these random models with flat logits that alone flips ~10% of the argmaxes)."""
     from mlx.utils import tree_flatten
 
-    from app.engine.mlx.models import _fit_device, _read_gguf
+    from app.engine.mlx.fit import fit_device
+    from app.engine.mlx.models import _read_gguf
 
     made = {
         kind: write_deepseek4(
@@ -118,7 +119,7 @@ def test_mxfp4_experts_stay_mxfp4_and_match_llamacpp(tmp_path: Path, tokens: lis
     print(f"\nMXFP4 GGUF on MLX: file {size:,} B, parameters {held:,} B, resident {resident:,} B")
     assert abs(resident - size) <= 0.15 * size
 
-    ours = np.array(_fit_device(model, gguf=True)(mx.array([tokens]))[0])
+    ours = np.array(fit_device(model, gguf=True)(mx.array([tokens]))[0])
     same_values = llamacpp_logits(made["mxfp4-values"], tokens)
     theirs = llamacpp_logits(gguf, tokens)
     assert (ours.argmax(-1) == same_values.argmax(-1)).mean() >= 0.99

@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from app.engine.gguf_info import GGUFInfo, inspect_gguf, split_parts
+from app.engine.mlx.fit import fit_device
 from app.engine.mlx.gguf_vocab import GGUFVocab, read_vocab
 from app.engine.mlx.registry import FOLDER_MODULES, GGUF_BUILDERS, mlx_bytes, not_compact
 from app.engine.mlx.tokenizer import GGUFTokenizer, HFTokenizer, MlxTokenizer
@@ -84,24 +85,6 @@ def load_model(model_path: str) -> LoadedModel:
     return _load_gguf(check_gguf(path))
 
 
-def _fit_device(model: nn.Module, *, gguf: bool) -> nn.Module:
-    """Weights in the form this device runs fastest. MLX's CPU kernels for quantized
-    matmuls are slower than its dense float32 ones, so on the CPU (Linux tests) quantized
-    layers are expanded to float32, exactly (scales cast first); GPUs keep them packed.
-    A GGUF keeps its norms in float32 beside float16 scales: on a GPU everything computes
-    in float16, as the quantized layers do."""
-    if mx.default_device() == mx.cpu:
-        from mlx_lm.utils import dequantize_model
-
-        model.set_dtype(mx.float32)
-        model = dequantize_model(model)
-        model.set_dtype(mx.float32)  # float-block modes (mxfp4, mxfp8) expand to bfloat16
-        return model
-    if gguf:
-        model.set_dtype(mx.float16)
-    return model
-
-
 def _load_gguf(path: Path) -> LoadedModel:
     from app.engine.mlx.gguf_llama import meta_value
 
@@ -119,7 +102,7 @@ def _load_gguf(path: Path) -> LoadedModel:
             f"and MLX runs {', '.join(sorted(GGUF_BUILDERS))}. Choose the llama.cpp engine."
         )
     builder: GGUFBuilder = _import(target)
-    model = _fit_device(builder(weights, metadata), gguf=True)
+    model = fit_device(builder(weights, metadata), gguf=True)
     vocab = gguf_vocab(path)
     bos, eos = vocab.bos, vocab.eos
     arch_key = f"{architecture}.context_length"
@@ -207,7 +190,7 @@ def _load_folder(folder: Path) -> LoadedModel:
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"Could not load the model {folder.name}: {exc}") from exc
-    model = _fit_device(model, gguf=False)
+    model = fit_device(model, gguf=False)
     tokenizer = HFTokenizer(folder)
     hf = tokenizer.hf
     size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
