@@ -10,6 +10,8 @@ from functools import cached_property
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from app import resources
+
 # Used when a GGUF carries no template: ChatML, the most common convention.
 CHATML = (
     "{% for message in messages %}"
@@ -17,6 +19,22 @@ CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+# Architectures whose models often carry no template, and the one they were trained with
+# (app/resources/chat_templates/README.md says where each comes from).
+_BUILTIN = {"deepseek4": "deepseek-v4", "deepseek_v4": "deepseek-v4"}
+_RELEASES = ("0731",)  # a release whose template differs, named in the model's name
+
+
+def builtin_template(architecture: str, name: str) -> str | None:
+    """The template a model of `architecture` was trained with, for one that carries none
+    (the 0731 release's when `name` says so); None where Stoke has none (ChatML then)."""
+    base = _BUILTIN.get(architecture)
+    if base is None:
+        return None
+    release = next((r for r in _RELEASES if r in name), None)
+    return resources.read_text(f"chat_templates/{base}{f'-{release}' if release else ''}.jinja")
 
 
 class TemplateError(Exception):

@@ -57,7 +57,31 @@ def check_gguf(path: str | os.PathLike[str]) -> Path:
     (version,) = struct.unpack("<I", head[4:8])
     if version not in (2, 3):
         raise ModelLoadError(f"{file} is GGUF version {version}, which this engine cannot read.")
+    try:
+        architecture = gguf_architecture(file)
+    except (OSError, struct.error, UnicodeDecodeError):
+        architecture = None  # a damaged header: the engine's reader says what is wrong
+    head_only = DRAFTING_HEADS.get(architecture or "")
+    if head_only:
+        raise ModelLoadError(f"{file.name} is {head_only}")
     return file
+
+
+# Files published beside a model that hold only a drafting head (their own architectures),
+# and what to do instead. The llama.cpp Stoke runs reads DeepSeek V4's MTP block only from
+# the model's own GGUF (blk.N.nextn.*, as llama.cpp's converter writes it with the model).
+DRAFTING_HEADS = {
+    "deepseek4_mtp_support": (
+        "DeepSeek V4's MTP head as ds4 writes it (architecture deepseek4_mtp_support), not a "
+        "model. Neither engine here reads this layout: load the model's own GGUF (speculation "
+        "then uses prompt lookup, or the MTP block of a GGUF that carries one)."
+    ),
+    "deepseek4-dspark": (
+        "the DSpark drafter of DeepSeek V4 Flash 0731 as ds4 writes it (architecture "
+        "deepseek4-dspark), not a model. Neither engine here runs DSpark: load the model's own "
+        "GGUF (speculation then uses prompt lookup)."
+    ),
+}
 
 
 def _looks_like(head: bytes) -> str:

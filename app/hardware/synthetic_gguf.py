@@ -255,9 +255,20 @@ def _vocabulary(n_vocab: int) -> tuple[list[str], list[int]]:
     return tokens, [int(t) for t in types]
 
 
-def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode, tokenizer_pre: str, mtp: bool) -> None:
+# How published files' metadata differ from llama.cpp's converter's (read from the files'
+# headers as their publishers list them): antirez's say one MTP layer that the file does not
+# hold, clamp the shared expert by the routed experts' values and name another pre-tokenizer;
+# unsloth's add a ratio for the MTP block and the release's version.
+Variant = Literal["llama.cpp", "antirez", "unsloth"]
+
+
+def _add_metadata(
+    w: GGUFWriter, d: Dims, mode: Mode, tokenizer_pre: str, mtp: bool, variant: Variant
+) -> None:
     a = ARCH
     ratios = [d.compress_ratio(il) for il in range(d.n_layer)] + [0] * int(mtp)
+    if variant == "unsloth" and not mtp:
+        ratios.append(0)
     n_blocks = d.n_layer + int(mtp)
     if mode == "full":
         w.add_name("DeepSeek-V4-Flash-0731 (synthetic: real layout, no weights)")
@@ -270,8 +281,10 @@ def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode, tokenizer_pre: str, mtp: b
     w.add_uint32(f"{a}.embedding_length", d.n_embd)
     w.add_uint32(f"{a}.embedding_length_out", d.n_embd * d.hc_mult)
     w.add_uint32(f"{a}.block_count", n_blocks)
-    if mtp:
+    if mtp or variant == "antirez":
         w.add_uint32(f"{a}.nextn_predict_layers", 1)
+    if variant == "unsloth":
+        w.add_string("general.base_model.version", "0731")
     w.add_uint32(f"{a}.attention.head_count", d.n_head)
     w.add_uint32(f"{a}.attention.head_count_kv", 1)
     w.add_uint32(f"{a}.attention.key_length", d.head_dim)
@@ -301,14 +314,15 @@ def _add_metadata(w: GGUFWriter, d: Dims, mode: Mode, tokenizer_pre: str, mtp: b
     w.add_bool(f"{a}.expert_weights_norm", True)
     w.add_uint32(f"{a}.expert_gating_func", SQRT_SOFTPLUS)
     w.add_array(f"{a}.swiglu_clamp_exp", [10.0] * n_blocks)
-    w.add_array(f"{a}.swiglu_clamp_shexp", [10.0] * n_blocks)
+    if variant != "antirez":
+        w.add_array(f"{a}.swiglu_clamp_shexp", [10.0] * n_blocks)
     w.add_uint32(f"{a}.hash_layer_count", d.hash_layers)
     w.add_uint32(f"{a}.hyper_connection.count", d.hc_mult)
     w.add_uint32(f"{a}.hyper_connection.sinkhorn_iterations", 20)
     w.add_float32(f"{a}.hyper_connection.epsilon", 1e-6)
     tokens, types = _vocabulary(d.n_vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(tokenizer_pre)
+    w.add_tokenizer_pre("joyai-llm" if variant == "antirez" else tokenizer_pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(list(_MERGES))
@@ -383,6 +397,7 @@ def write_deepseek4(
     tokenizer_pre: str = "deepseek-v3",
     weights: Weights = "quantized",
     mtp: bool = False,
+    variant: Variant = "llama.cpp",
     **dims: int,
 ) -> Path:
     """Write a deepseek4 GGUF at `path`; `dims` override fields of `Dims` for that mode.
@@ -391,7 +406,8 @@ def write_deepseek4(
     std::regex, which a CUDA build of llama-cpp-python crashed in while loading the vocab.
     `weights` (scaled mode): "quantized" (Q8_0 experts and projections), every matrix in
     "f16"/"f32", "mxfp4" (f32 with MXFP4 routed experts), or "mxfp4-values" (the numbers of
-    "mxfp4" with the experts stored as F32). `mtp` appends the MTP block (the
+    "mxfp4" with the experts stored as F32). `variant`: whose metadata conventions the header
+    follows (`Variant`). `mtp` appends the MTP block (the
     module docstring says how)."""
     if mode not in ("full", "scaled"):
         raise ValueError(f"mode must be 'full' or 'scaled', not {mode!r}")
@@ -400,7 +416,7 @@ def write_deepseek4(
     d = dataclasses.replace(FLASH if mode == "full" else SCALED, **dims)
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(out, ARCH)
-    _add_metadata(writer, d, mode, tokenizer_pre, mtp)
+    _add_metadata(writer, d, mode, tokenizer_pre, mtp, variant)
     if mode == "full":
         _write_sparse(writer, d, mtp)
     else:

@@ -29,6 +29,7 @@ from gguf import GGMLQuantizationType
 
 from app import paths
 from app.engine import kvstore
+from app.engine.chat_template import builtin_template
 from app.engine.constraint import Constraint, tokenizer_from_vocab
 from app.engine.gguf_info import inspect_gguf
 from app.engine.llamacpp import cpu_buffers, rpc
@@ -457,16 +458,19 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
     def _describe(self, path: Path, n_ctx_train: int, n_vocab: int) -> ModelInfo:
         template = llama_cpp.llama_model_chat_template(self._model.ptr, None)
         bos, eos = self._vocab.bos, self._vocab.eos
+        name = self._meta("general.name") or path.stem
+        architecture = self._meta("general.architecture") or "unknown"
         return ModelInfo(
             path=str(path),
-            name=self._meta("general.name") or path.stem,
+            name=name,
             fingerprint=fingerprint(path),
-            architecture=self._meta("general.architecture") or "unknown",
+            architecture=architecture,
             n_ctx=self._n_ctx,
             n_ctx_train=n_ctx_train,
             n_vocab=n_vocab,
             chat_template=self._options.chat_template
-            or (template.decode("utf-8", "replace") if template else None),
+            or (template.decode("utf-8", "replace") if template else None)
+            or builtin_template(architecture, f"{name} {path.name}"),
             bos_token=self._vocab.text(bos),
             eos_token=self._vocab.text(eos),
             add_bos=self._vocab.add_bos,

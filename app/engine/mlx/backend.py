@@ -35,6 +35,7 @@ from mlx_lm.models.cache import (
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from app import paths
+from app.engine.chat_template import builtin_template
 from app.engine.constraint import Constraint
 from app.engine.logprobs import NO_SCORES, Scores
 from app.engine.logprobs import scores as logprob_scores
@@ -176,7 +177,9 @@ class MlxEngine(SlotEngine[_Slot]):
             n_ctx=self._n_ctx,
             n_ctx_train=train,
             n_vocab=loaded.n_vocab,
-            chat_template=options.chat_template or loaded.chat_template,
+            chat_template=options.chat_template
+            or loaded.chat_template
+            or builtin_template(loaded.architecture, loaded.name),
             bos_token=loaded.bos_token,
             eos_token=loaded.eos_token,
             add_bos=loaded.add_bos,

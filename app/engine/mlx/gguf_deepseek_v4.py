@@ -22,8 +22,10 @@ from app.engine.protocol import ModelLoadError
 ARCHITECTURE = "deepseek4"
 
 
-def model_args(metadata: dict[str, Any]) -> ModelArgs:
-    """`ModelArgs` from the GGUF's `deepseek4.*` keys (llama.cpp's `load_arch_hparams`)."""
+def model_args(metadata: dict[str, Any], has_mtp: bool = True) -> ModelArgs:
+    """`ModelArgs` from the GGUF's `deepseek4.*` keys (llama.cpp's `load_arch_hparams`).
+    `has_mtp`: whether the file holds the MTP block's tensors; antirez's files say
+    `nextn_predict_layers` 1 without them, and llama.cpp then counts no MTP block either."""
 
     def get(key: str, default: Any = None) -> Any:
         value = metadata.get(f"{ARCHITECTURE}.{key}", default)
@@ -33,7 +35,7 @@ def model_args(metadata: dict[str, Any]) -> ModelArgs:
             )
         return value.tolist() if isinstance(value, mx.array) else value
 
-    n_mtp = int(metadata.get(f"{ARCHITECTURE}.nextn_predict_layers", 0))
+    n_mtp = int(metadata.get(f"{ARCHITECTURE}.nextn_predict_layers", 0)) if has_mtp else 0
     if n_mtp > 1:
         raise ModelLoadError("This GGUF has several MTP blocks; DeepSeek V4 has one.")
     n_layer = int(get("block_count")) - n_mtp
@@ -97,7 +99,8 @@ def model_args(metadata: dict[str, Any]) -> ModelArgs:
 
 def build(weights: dict[str, mx.array], metadata: dict[str, Any]) -> nn.Module:
     """The DeepSeek V4 model holding the GGUF's tensors (quantized ones stay quantized)."""
-    args = model_args(metadata)
+    last = int(metadata.get(f"{ARCHITECTURE}.block_count", 0)) - 1
+    args = model_args(metadata, any(n.startswith(f"blk.{last}.nextn.") for n in weights))
     model = Model(args)
     mapped: dict[str, mx.array] = {}
     unknown = []

@@ -1,0 +1,109 @@
+"""DeepSeek V4 GGUFs as their publishers write them: antirez's headers (one MTP layer named but
+not held, no shared-expert clamp, the `joyai-llm` pre-tokenizer, no chat template) and
+unsloth's (a compress ratio for the MTP block, the 0731 version) load on both engines, which
+agree on them; a model without a template is prompted with DeepSeek V4's own (the 0731
+release's when its name says so); and the drafting heads ds4 publishes beside the model are
+refused in words, naming what to load instead."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+
+from app.engine.chat_template import ChatTemplate, builtin_template
+from app.engine.llamacpp.backend import LlamaCppEngine
+from app.engine.mlx.backend import MlxEngine
+from app.engine.mlx.gguf_deepseek_v4 import build
+from app.engine.model_file import check_gguf
+from app.engine.protocol import LoadOptions, ModelLoadError
+from app.hardware.synthetic_gguf import write_deepseek4
+from tests.e2e.stoke_proc import stoke
+from tests.e2e.test_deepseek_v4_logits import DIMS, llamacpp_logits
+
+TOKENS = np.random.default_rng(3).integers(2, 512, 96).tolist()
+
+
+@pytest.mark.parametrize("variant", ["antirez", "unsloth"])
+def test_published_headers_load_on_both_engines_alike(tmp_path: Path, variant: str) -> None:
+    gguf = write_deepseek4(
+        tmp_path / f"{variant}.gguf",
+        mode="scaled",
+        seed=5,
+        weights="f32",
+        variant=variant,
+        indexer_top_k=512,
+        **DIMS,
+    )
+    weights, metadata = mx.load(str(gguf), return_metadata=True)
+    model = build(weights, metadata)
+    assert model.args.mtp_layers == 0 and model.args.num_hidden_layers == 6
+    ours = np.array(model(mx.array([TOKENS]))[0])
+    theirs = llamacpp_logits(gguf, TOKENS)
+    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.99
+    assert np.abs(ours - theirs).max() < 1e-3
+
+
+@pytest.mark.parametrize("engine", ["mlx", "llama.cpp"])
+def test_an_antirez_file_chats_with_deepseek_v4s_template(tmp_path: Path, engine: str) -> None:
+    gguf = write_deepseek4(
+        tmp_path / "DeepSeek-V4-Flash-q2.gguf", mode="scaled", seed=5, variant="antirez"
+    )
+    done = stoke(
+        tmp_path / "home",
+        "chat",
+        "--engine",
+        engine,
+        "--model",
+        str(gguf),
+        "--new",
+        "-m",
+        "hi",
+        "--json",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "3",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout)
+    assert answer["status"] == "complete" and answer["stats"]["generated_tokens"] == 3
+    engine = MlxEngine() if engine == "mlx" else LlamaCppEngine()
+    info = engine.load(LoadOptions(str(gguf), n_ctx=256, snapshots=False))
+    engine.unload()
+    assert info.chat_template == builtin_template("deepseek4", "DeepSeek-V4-Flash")
+
+
+def test_the_0731_release_gets_its_own_template() -> None:
+    plain = builtin_template("deepseek4", "DeepSeek-V4-Flash")
+    release = builtin_template("deepseek_v4", "DeepSeek-V4-Flash-0731-4bit")
+    assert plain and release and plain != release
+    assert builtin_template("llama", "DeepSeek-V4-Flash") is None
+    messages = [{"role": "user", "content": "hi"}]
+    effort = {"thinking": True, "reasoning_effort": "max"}
+    rendered = ChatTemplate(release, variables=effort).render(messages, add_generation_prompt=True)
+    assert "Beyond maximum" in rendered and rendered.endswith("<｜Assistant｜><think>")
+    old = ChatTemplate(plain, variables=effort).render(messages, add_generation_prompt=True)
+    assert "Absolute maximum" in old and "Beyond maximum" not in old
+
+
+@pytest.mark.parametrize("architecture", ["deepseek4_mtp_support", "deepseek4-dspark"])
+def test_a_drafting_head_is_refused_in_words(tmp_path: Path, architecture: str) -> None:
+    path = tmp_path / "DeepSeek-V4-Flash-MTP-Q4K-Q8_0-F32.gguf"
+    writer = GGUFWriter(path, architecture)
+    writer.add_tensor("mtp.0.enorm.weight", np.ones(8, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError) as refused:
+        check_gguf(path)
+    assert architecture in str(refused.value) and "not a model" in str(refused.value)
+    done = stoke(tmp_path / "home", "chat", "--model", str(path), "--new", "-m", "hi")
+    assert done.returncode != 0
+    assert "not a model" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
