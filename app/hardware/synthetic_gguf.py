@@ -138,17 +138,22 @@ _SCALED_TYPES = _FULL_TYPES | {
 # `weights="f16"/"f32"`: every matrix in one float type that `mx.load` reads as it is, so the
 # MLX model and llama.cpp run on the very same numbers (the logit-agreement test).
 # `weights="mxfp4"`: the f32 model with its routed experts in MXFP4, as the 0731 release ships;
-# "mxfp4-values": the same numbers with the experts stored as F32 (MXFP4 read back).
+# A "-values" twin holds the same numbers as its packed model with every packed tensor stored
+# as F32 (its blocks read back), so an engine's packed kernels can be checked against another
+# engine's float ones on the very same values.
 _MATRIX_ROLES = ("embedding", "output", "dense", "expert", "compressor", "indexer")
-Weights = Literal["quantized", "f16", "f32", "mxfp4", "mxfp4-values"]
+Weights = Literal["quantized", "f16", "f32", "mxfp4", "quantized-values", "mxfp4-values"]
+_PACKED = (Q.Q8_0, Q.MXFP4)
 
 
 def _scaled_types(weights: Weights) -> dict[str, Q]:
+    if weights.endswith("-values"):
+        packed = _scaled_types(weights.removesuffix("-values"))
+        return {role: Q.F32 if t in _PACKED else t for role, t in packed.items()}
     if weights == "quantized":
         return _SCALED_TYPES
-    if weights in ("mxfp4", "mxfp4-values"):
-        experts = Q.MXFP4 if weights == "mxfp4" else Q.F32
-        return _SCALED_TYPES | dict.fromkeys(_MATRIX_ROLES, Q.F32) | {"expert": experts}
+    if weights == "mxfp4":
+        return _SCALED_TYPES | dict.fromkeys(_MATRIX_ROLES, Q.F32) | {"expert": Q.MXFP4}
     if weights not in ("f16", "f32"):
         raise ValueError(f"weights must be 'quantized', 'f16', 'f32' or 'mxfp4', not {weights!r}")
     return _SCALED_TYPES | dict.fromkeys(_MATRIX_ROLES, Q.F16 if weights == "f16" else Q.F32)
@@ -347,7 +352,7 @@ def _random_tensor(
         data = rng.standard_normal(shape, np.float32) / np.sqrt(spec.shape[0])
     if spec.name == "output.weight":
         data[:2] = 0  # BOS/EOS logits stay 0, below the best random one: greedy runs to the end
-    if qtype in (Q.Q8_0, Q.MXFP4):
+    if qtype in _PACKED:
         return quantize(data, qtype)
     if rounded is not None:  # the values a packed type would store, as floats
         data = dequantize(quantize(data, rounded), rounded)
@@ -382,8 +387,7 @@ def _write_random(
     for spec in tensor_specs(d, mtp=mtp):
         qtype = types[spec.role]
         data = _random_tensor(spec, qtype, d, rng, rounded.get(spec.role))
-        packed = qtype in (Q.Q8_0, Q.MXFP4)
-        writer.add_tensor(spec.name, data, raw_dtype=qtype if packed else None)
+        writer.add_tensor(spec.name, data, raw_dtype=qtype if qtype in _PACKED else None)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -405,9 +409,9 @@ def write_deepseek4(
     `tokenizer_pre` is DeepSeek's own pre-tokenizer by default; "gpt-2" splits text without
     std::regex, which a CUDA build of llama-cpp-python crashed in while loading the vocab.
     `weights` (scaled mode): "quantized" (Q8_0 experts and projections), every matrix in
-    "f16"/"f32", "mxfp4" (f32 with MXFP4 routed experts), or "mxfp4-values" (the numbers of
-    "mxfp4" with the experts stored as F32). `variant`: whose metadata conventions the header
-    follows (`Variant`). `mtp` appends the MTP block (the
+    "f16"/"f32", "mxfp4" (f32 with MXFP4 routed experts), or the "-values" twin of
+    "quantized" or "mxfp4" (the same numbers, packed tensors stored as F32). `variant`: whose
+    metadata conventions the header follows (`Variant`). `mtp` appends the MTP block (the
     module docstring says how)."""
     if mode not in ("full", "scaled"):
         raise ValueError(f"mode must be 'full' or 'scaled', not {mode!r}")
@@ -420,7 +424,10 @@ def write_deepseek4(
     if mode == "full":
         _write_sparse(writer, d, mtp)
     else:
-        rounded = {"expert": Q.MXFP4} if weights == "mxfp4-values" else {}
+        rounded = {}
+        if weights.endswith("-values"):
+            packed = _scaled_types(weights.removesuffix("-values"))
+            rounded = {role: t for role, t in packed.items() if t in _PACKED}
         _write_random(writer, d, np.random.default_rng(seed), types, mtp, rounded)
     writer.close()
     return out

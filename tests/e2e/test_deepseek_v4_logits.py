@@ -28,6 +28,7 @@ GGML_TYPE_F32 = 0
 # their scores tie exactly at 0, where llama.cpp's std::partial_sort and any canonical order
 # pick different rows. DeepSeek V4 Flash has 64 heads.
 DIMS = {"indexer_heads": 16}
+ALL_ROWS = {"indexer_top_k": 512}  # every 4:1 row attended: the comparison is of one function
 
 
 @pytest.fixture(scope="module")
@@ -82,14 +83,18 @@ def test_next_token_logits_match_llamacpp(tmp_path: Path, tokens: list[int], top
         assert max_abs < 1e-3
 
 
-def test_mxfp4_experts_stay_mxfp4_and_match_llamacpp(tmp_path: Path, tokens: list[int]) -> None:
-    """The 0731 release's GGUF keeps its routed experts in MXFP4, after which `mx.load` returns
-    nothing more. Read by the file's table, they become MLX mxfp4 weights (no float copy: the
-    model's memory is the file's, within 15%), and the model computes what llama.cpp computes:
-    exactly llama.cpp's function on a twin file holding the same expert values as F32, and on
-    the MXFP4 file itself differing from llama.cpp by no more than llama.cpp differs from
-    itself between the two (its CPU kernels round the activations to Q8 for MXFP4 dot
-    products; on these random models with flat logits that alone flips ~10% of the argmaxes)."""
+@pytest.mark.parametrize("packed", ["mxfp4", "quantized"])
+def test_packed_weights_stay_packed_and_match_llamacpp(
+    tmp_path: Path, tokens: list[int], packed: str
+) -> None:
+    """The 0731 release's GGUF keeps its routed experts in MXFP4 (after which `mx.load` returns
+    nothing more); other files hold Q8_0. Read by the file's table, they stay packed on MLX
+    (no float copy: the model's memory is the file's, within 15%), and the model computes what
+    llama.cpp computes: exactly llama.cpp's function on a twin file holding the same values
+    as F32, and on the packed file itself differing from llama.cpp by no more than llama.cpp
+    differs from itself between the two (its CPU kernels round the activations to Q8 for
+    these dot products; on random models with flat logits that alone flips ~10% of the
+    argmaxes)."""
     from mlx.utils import tree_flatten
 
     from app.engine.mlx.fit import fit_device
@@ -104,26 +109,29 @@ def test_mxfp4_experts_stay_mxfp4_and_match_llamacpp(tmp_path: Path, tokens: lis
             indexer_top_k=512,
             **DIMS,
         )
-        for kind in ("mxfp4", "mxfp4-values")
+        for kind in (packed, f"{packed}-values")
     }
-    gguf = made["mxfp4"]
+    gguf = made[packed]
     mx.clear_cache()
     before = mx.get_active_memory()
     model = build(*_read_gguf(gguf))
     mx.eval(model.parameters())
     resident = mx.get_active_memory() - before
     experts = model.layers[2].ffn.switch_mlp.gate_proj
-    assert (experts.mode, experts.weight.dtype) == ("mxfp4", mx.uint32)
+    mode = "mxfp4" if packed == "mxfp4" else "affine"
+    assert (experts.mode, experts.weight.dtype) == (mode, mx.uint32)
     size = gguf.stat().st_size
     held = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    print(f"\nMXFP4 GGUF on MLX: file {size:,} B, parameters {held:,} B, resident {resident:,} B")
+    print(
+        f"\n{packed} GGUF on MLX: file {size:,} B, parameters {held:,} B, resident {resident:,} B"
+    )
     assert abs(resident - size) <= 0.15 * size
 
     ours = np.array(fit_device(model, gguf=True)(mx.array([tokens]))[0])
-    same_values = llamacpp_logits(made["mxfp4-values"], tokens)
+    same_values = llamacpp_logits(made[f"{packed}-values"], tokens)
     theirs = llamacpp_logits(gguf, tokens)
     assert (ours.argmax(-1) == same_values.argmax(-1)).mean() >= 0.99
     assert np.abs(ours - same_values).max() < 1e-3
     ours_off, own_off = np.abs(ours - theirs).max(), np.abs(same_values - theirs).max()
-    print(f"MXFP4: |MLX - llama.cpp| {ours_off:.3e}, llama.cpp's own Q8 rounding {own_off:.3e}")
+    print(f"{packed}: |MLX - llama.cpp| {ours_off:.3e}, llama.cpp's own rounding {own_off:.3e}")
     assert ours_off <= own_off + 1e-3

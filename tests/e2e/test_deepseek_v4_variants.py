@@ -107,3 +107,33 @@ def test_a_drafting_head_is_refused_in_words(tmp_path: Path, architecture: str) 
     assert done.returncode != 0
     assert "not a model" in done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("weights", ["q4_k_m", "iq4_xs"])
+def test_k_quant_and_iq_files_run_on_llamacpp_with_the_reason(
+    tmp_path: Path, weights: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files made by llama.cpp's own quantizer, as the published Q4_K/IQ ones are: on a Mac
+    the engine choice sends them to llama.cpp in one line, an MLX load forced by hand is
+    refused with the memory it would take, and llama.cpp answers from them."""
+    from app.engine import choice
+    from app.engine.llamacpp.quantize import requantize
+    from app.engine.mlx.models import load_model
+    from app.engine.protocol import SamplingParams, TokenEvent
+
+    source = write_deepseek4(tmp_path / "f32.gguf", mode="scaled", seed=5, weights="f32")
+    path = requantize(source, tmp_path / f"{weights}.gguf", weights)
+    kind = {"q4_k_m": "Q4_K", "iq4_xs": "IQ4_XS"}[weights]
+    monkeypatch.setattr(choice, "apple_silicon", lambda: True)
+    monkeypatch.setattr(choice, "mlx_installed", lambda: True)
+    chosen = choice.choose_engine(LoadOptions(str(path)))
+    assert chosen.engine == "llama.cpp" and kind in chosen.reason and "\n" not in chosen.reason
+    with pytest.raises(ModelLoadError, match=r"float16.*llama\.cpp"):
+        load_model(str(path))
+    engine = LlamaCppEngine()
+    engine.load(LoadOptions(str(path), n_ctx=256, snapshots=False))
+    try:
+        events = engine.generate(TOKENS[:32], SamplingParams.greedy(), 3)
+        assert len([e for e in events if isinstance(e, TokenEvent)]) == 3
+    finally:
+        engine.unload()

@@ -1,6 +1,7 @@
 """A GGUF written again with other weight types, through llama.cpp's own quantizer.
 
-`stoke bench decode --weights bf16` uses it: the same model with weights that llamafile's
+The tests make K-quant and IQ files of a synthetic model with it; `stoke bench decode
+--weights bf16` uses it: the same model with weights that llamafile's
 sgemm takes in batches, where the default model's Q4_1 runs a batch column by column, so
 that the bench shows what speculation gives where a verify batch is cheaper per token.
 """
@@ -13,7 +14,9 @@ from pathlib import Path
 
 from app.engine.protocol import EngineError
 
-WEIGHT_TYPES = ("bf16", "f16", "q8_0", "q4_0")  # each is llama.cpp's LLAMA_FTYPE_MOSTLY_<name>
+# each is llama.cpp's LLAMA_FTYPE_MOSTLY_<name>; the last two are what published DeepSeek V4
+# files mostly hold (K-quants, IQ types), which the tests run as users get them
+WEIGHT_TYPES = ("bf16", "f16", "q8_0", "q4_0", "q4_k_m", "iq4_xs")
 
 
 def requantize(source: Path, target: Path, weights: str) -> Path:
