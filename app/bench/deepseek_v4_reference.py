@@ -6,8 +6,10 @@ format (a scaled model with every structural feature, `deepseek_v4_formats`) is 
 both, each as its engine holds it on this device (on MLX's CPU build: expanded to float32),
 and in one process, rounds interleaved so a busy machine slows both alike:
 
-- exactness: the largest logit difference and top-1 agreement over a prompt;
-- prefill tok/s: the prompt in one call, from an empty cache;
+- exactness: the largest logit difference and top-1 agreement over a prompt, both models in
+  float32;
+- prefill tok/s: the prompt in one call, from an empty cache, each model in the types its
+  engine runs it in on this device;
 - decode tok/s: one token per call after a short prompt, each model with its own cache.
 
 The table shows medians and Stoke / mlx-vlm ratios; `--json` writes them with the machine.
@@ -27,6 +29,30 @@ from pathlib import Path
 from typing import Any
 
 ROUNDS = 3
+# Sizes over synthetic_gguf's scaled model: "gpu" has the release's attention and indexer
+# widths (head 512, rope 64, indexer 64 x 128, top-512, window 128) at 8 layers and 64
+# experts, so that kernel launches no longer hide the work.
+PRESETS: dict[str, dict[str, int]] = {
+    "scaled": {},
+    "gpu": {
+        "n_layer": 8,
+        "n_embd": 1024,
+        "n_vocab": 4096,
+        "n_head": 16,
+        "head_dim": 512,
+        "n_rot": 64,
+        "q_lora_rank": 512,
+        "o_groups": 4,
+        "o_lora_rank": 512,
+        "sliding_window": 128,
+        "n_expert": 64,
+        "n_expert_used": 6,
+        "n_ff_exp": 512,
+        "indexer_heads": 64,
+        "indexer_head_dim": 128,
+        "indexer_top_k": 512,
+    },
+}
 PAR = 0.95  # a ratio this close to 1 is noise on a shared machine, not a slower model
 
 
@@ -38,6 +64,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt", type=int, default=512, help="prefill tokens per run")
     parser.add_argument("--decode", type=int, default=32, help="decoded tokens per run")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="runs of each row (median)")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="scaled",
+        help="model size: scaled (the tests' toy) or gpu (the release's attention widths)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     parser.set_defaults(run=main)
 
@@ -67,9 +99,13 @@ def _decode(model: Any, prompt: list[int], n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def _pair(**dims: int) -> dict[str, Any]:
-    """Stoke's and mlx-vlm's models of one release folder, as each engine holds them here."""
+def _pair(exact: bool, **dims: int) -> dict[str, Any]:
+    """Stoke's and mlx-vlm's models of one release folder: both in float32 (`exact`, to compare
+    their functions), else as each engine holds them on this device (Stoke's `fit_device`;
+    mlx-vlm's float parameters in bfloat16 on a GPU as its `cast_predicate` casts them, in
+    float32 on the CPU, whose MoE gathers take nothing else)."""
     import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
 
     from app.bench import deepseek_v4_formats as formats
     from app.engine.mlx.deepseek_v4 import Model, ModelArgs
@@ -89,6 +125,16 @@ def _pair(**dims: int) -> dict[str, Any]:
         }
         for model in models.values():
             mx.eval(model.parameters())  # read before the folder goes
+    if exact:
+        models["stoke"].set_dtype(mx.float32)
+    elif mx.default_device() != mx.cpu:
+        reference = models["mlx-vlm"]
+        cast = reference.cast_predicate
+        params = [
+            (k, v.astype(mx.bfloat16) if cast(k) and v.dtype == mx.float32 else v)
+            for k, v in tree_flatten(reference.parameters())
+        ]
+        reference.update(tree_unflatten(params))
     return models
 
 
@@ -102,7 +148,7 @@ def _agreement(models: dict[str, Any], tokens: list[int]) -> tuple[float, float]
     return float(np.abs(ours - theirs).max()), formats.top1_agreement(ours, theirs)
 
 
-def measure(prompt: int, decode: int, rounds: int) -> dict[str, Any]:
+def measure(prompt: int, decode: int, rounds: int, preset: str = "scaled") -> dict[str, Any]:
     """Load both models from one release folder and measure them side by side. Exactness is
     measured twice: with every compressed row attended (the indexer picking all: the same
     function must give the same logits) and with the indexer picking 8 (Stoke's indexer reads
@@ -111,10 +157,11 @@ def measure(prompt: int, decode: int, rounds: int) -> dict[str, Any]:
     import mlx.core as mx
     import numpy as np
 
+    dims = PRESETS[preset]
     tokens = np.random.default_rng(7).integers(2, 512, prompt).tolist()
-    every_row = _agreement(_pair(indexer_top_k=prompt), tokens)
-    models = _pair()
-    picked = _agreement(models, tokens)
+    every_row = _agreement(_pair(True, **{**dims, "indexer_top_k": prompt}), tokens)
+    picked = _agreement(_pair(True, **dims), tokens)
+    models = _pair(False, **dims)
     runs: dict[str, dict[str, list[float]]] = {n: {"prefill": [], "decode": []} for n in models}
     short = tokens[:64]
     steps: list[tuple[str, str, Callable[[], float]]] = [
@@ -131,6 +178,7 @@ def measure(prompt: int, decode: int, rounds: int) -> dict[str, Any]:
     medians = {n: {k: statistics.median(v) for k, v in kinds.items()} for n, kinds in runs.items()}
     return {
         "device": str(mx.default_device()),
+        "preset": preset,
         "machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
         "prompt_tokens": prompt,
         "decode_tokens": decode,
@@ -145,7 +193,9 @@ def measure(prompt: int, decode: int, rounds: int) -> dict[str, Any]:
 
 def decision(report: dict[str, Any]) -> str:
     """Keep Stoke's model only where it is as exact and at least as fast (within noise)."""
-    exact = report["every_row"]["max_abs_logit_diff"] < 1e-3
+    # the same function: equal to float32 rounding on the CPU; a GPU's float32 matmuls round
+    # more (TF32), which these random models' flat logits feel, so there top-1 decides
+    exact = report["every_row"]["top1_agreement"] >= 0.99
     fast = min(report["ratio"].values()) >= PAR
     if exact and fast:
         return "keep Stoke's model: as exact as mlx-vlm's and at least as fast"
@@ -158,7 +208,7 @@ def decision(report: dict[str, Any]) -> str:
 def table(report: dict[str, Any]) -> str:
     tok = report["tok_s"]
     rows = [
-        f"DeepSeek V4 (scaled, {report['device']}): Stoke vs mlx-vlm, same weights, "
+        f"DeepSeek V4 ({report['preset']}, {report['device']}): Stoke vs mlx-vlm, same weights, "
         f"medians of {report['rounds']}",
         f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13}",
         *(
@@ -172,7 +222,7 @@ def table(report: dict[str, Any]) -> str:
             f"{report['prompt_tokens']} tokens"
             for key, label in (
                 ("every_row", "indexer attends every row"),
-                ("picked", "indexer picks 8 (fp16 Q/K in Stoke's)"),
+                ("picked", "indexer picks its top-k (fp16 Q/K in Stoke's)"),
             )
         ),
         f"decision: {report['decision']}",
@@ -194,7 +244,7 @@ def main(args: argparse.Namespace) -> int:
             f"pip install --no-deps '{MLX_VLM}' pillow"
         )
         return 2
-    report = measure(args.prompt, args.decode, args.rounds)
+    report = measure(args.prompt, args.decode, args.rounds, args.preset)
     report["decision"] = decision(report)
     print(table(report))
     if args.json:

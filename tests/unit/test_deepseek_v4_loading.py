@@ -35,6 +35,7 @@ def test_hugging_face_folder(tmp_path: Path, tokens: mx.array) -> None:
     loaded, _ = load_model(tmp_path, get_model_classes=classes)
     assert type(loaded.layers[2].ffn.switch_mlp.gate_proj).__name__ == "QuantizedSwitchLinear"
     assert loaded.layers[2].ffn.switch_mlp.gate_proj.mode == "mxfp4"
+    assert loaded.layers[2].ffn.shared_experts.w1.mode == "mxfp8"  # FP8 kept at 8 bits
 
     loaded.set_dtype(mx.float32)  # the release's bfloat16, computed as the reference does
     reference = Model(original.args)

@@ -301,12 +301,14 @@ class Model(nn.Module):
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """A Hugging Face DeepSeek V4 checkpoint (or an MLX one) as this model's parameters.
 
-        Renames the hyper-connection tensors, stacks the routed experts for SwitchGLU,
-        dequantizes FP8 block-scaled matrices, and keeps the FP4 experts packed: their bytes
-        are MLX's mxfp4 layout already (two E2M1 codes per byte, low nibble first, one E8M0
-        exponent per 32), so those layers become quantized ones here. Drops a Hugging Face
-        checkpoint's MTP block (a GGUF's is kept) and the vision-only routing bias. Idempotent
-        on its own output.
+        Maps any published dialect's names (`names`), stacks the routed experts for
+        SwitchGLU, and keeps the release's packed matrices packed: FP4 experts are MLX's
+        mxfp4 layout already (two E2M1 codes per byte, low nibble first, one E8M0 exponent
+        per 32) and FP8 matrices with E8M0 block scales are mxfp8 with the block's exponent
+        repeated per 32, so those layers become quantized ones here, as do layers an MLX
+        conversion packed (any mode, bits and group size, read off the tensors). Drops a
+        Hugging Face checkpoint's MTP block (a GGUF's is kept) and the vision-only routing
+        bias. Idempotent on its own output.
         """
         out = sanitize_checkpoint(self.args, weights)
         quantize_for(self, out)

@@ -1,5 +1,5 @@
 """Checkpoint tensors as `Model` parameters: any published dialect's names (`names`) and
-layouts mapped onto the modules, FP8 block-scaled matrices dequantized, FP4 experts kept packed
+layouts mapped onto the modules, FP8 block-scaled matrices kept as MLX mxfp8 and FP4 experts
 as MLX mxfp4, and MLX-quantized modules (any mode, bits and group size, mixed per layer) swapped
 in where the tensors are packed."""
 
@@ -35,14 +35,28 @@ def _dequantize_fp8(weight: mx.array, scale: mx.array) -> mx.array:
     return (values * factors[:rows, :cols]).astype(mx.bfloat16)
 
 
+def _fp8(weight: mx.array, scale: mx.array) -> tuple[mx.array, mx.array | None]:
+    """An FP8 matrix with E8M0 block scales as MLX mxfp8 (its E4M3 bytes as uint32 words, the
+    block's exponent repeated per 32 values): the same numbers at 8 bits, where bfloat16
+    would double the release's non-expert weights. Scales that are not E8M0 bytes, or rows
+    not a multiple of 32 wide, are dequantized to bfloat16."""
+    if weight.dtype not in (mx.uint8, mx.int8):
+        return weight, None
+    rows, cols = weight.shape
+    if scale.dtype != mx.uint8 or cols % 32:
+        return _dequantize_fp8(weight, scale), None
+    per_32 = mx.repeat(mx.repeat(scale, _FP8_BLOCK // 32, axis=1), _FP8_BLOCK, axis=0)
+    return weight.view(mx.uint8).view(mx.uint32), per_32[:rows, : cols // 32]
+
+
 def _fp4_or_float(weight: mx.array, scale: mx.array | None) -> tuple[mx.array, mx.array | None]:
     """One routed expert's matrix: packed FP4 bytes as MLX mxfp4 (uint32 words, uint8
-    scales), FP8 dequantized, floats as they are."""
+    scales), FP8 as mxfp8, floats as they are."""
     if scale is None:
         return weight, None
     if weight.shape[-1] == 16 * scale.shape[-1]:  # two codes a byte, 32 codes a scale
         return weight.view(mx.uint8).view(mx.uint32), scale.view(mx.uint8)
-    return _dequantize_fp8(weight, scale), None
+    return _fp8(weight, scale)
 
 
 def sanitize_checkpoint(args: ModelArgs, weights: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -67,13 +81,18 @@ def sanitize_checkpoint(args: ModelArgs, weights: dict[str, mx.array]) -> dict[s
         hashed = name.startswith("layers.") and int(layer) < args.num_hash_layers
         if name.endswith(".gate.bias") and hashed:
             continue  # hash layers route by table; llama.cpp drops this bias too
+        packed = None
         if name.endswith("tid2eid"):
             value = value.astype(mx.int32)
         elif scale is not None:
-            value = _dequantize_fp8(value, scale)
+            value, packed = _fp8(value, scale)
         if ".attn.wo_a." in name and value.ndim == 2:  # official: flat; MLX's: 3-D already
             value = value.reshape(args.o_groups, args.o_lora_rank, -1)
+            if packed is not None:
+                packed = packed.reshape(args.o_groups, args.o_lora_rank, -1)
         out[name] = value
+        if packed is not None:
+            out[name.removesuffix(".weight") + ".scales"] = packed
     for path, parts in experts.items():
         parts.sort(key=lambda part: part[0])
         packed = [_fp4_or_float(value, scale) for _, value, scale in parts]
