@@ -323,6 +323,9 @@ def test_catalog_shows_fit_badges_in_color(
     assert "expert layers on the GPUs" in cards["deepseek-v4-flash-q2"].badge.toolTip()
     assert cards["deepseek-v4-flash-q4"].badge.text() == DOES_NOT_FIT
     assert cards["deepseek-v4-flash-q4"].badge.level == "bad"
+    q2_engine = cards["deepseek-v4-flash-q2"].engine_label
+    assert q2_engine.isVisible() and q2_engine.text().startswith("Runs on llama.cpp")
+    assert "Apple Silicon" in cards["deepseek-v4-flash-mlx-4bit"].engine_label.text()
     assert "1 GPU" in dialog.machine_label.text()
     shoot(dialog, "catalog", qtbot)
 

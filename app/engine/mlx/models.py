@@ -130,7 +130,10 @@ def _read_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     the table (`gguf_tensors`). A file MLX would expand to float16 is refused in words."""
     from app.engine.mlx import gguf_tensors
 
-    info = inspect_gguf(path)
+    try:
+        info = inspect_gguf(path)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"Could not load the model {path.name}: {exc}") from exc
     heavy = not_compact(info)
     if heavy:
         raise ModelLoadError(expansion_refusal(path.name, info, heavy))
