@@ -128,6 +128,8 @@ def test_a_new_library_lists_the_bundled_model_read_only(
     assert dialog.select_model(SMOL)
     assert dialog.selected_model().bundled
     assert BUNDLED_TIP in dialog.details_summary.text()
+    # which engine runs it here (not Apple Silicon: llama.cpp), and its memory there
+    assert "Runs here on llama.cpp, about 9" in dialog.details_summary.text()
     assert dialog.load_button.isEnabled() and not dialog.delete_button.isEnabled()
     shoot(dialog, "library_bundled", qtbot)
     assert dialog.downloads_stack.currentWidget() is dialog.downloads_empty
