@@ -31,6 +31,7 @@ _SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _SAFETENSORS_HEADER_MAX = 100 << 20
 _HASH_CHUNK = 8 << 20
 _CACHE_NAME = "model-hashes.json"
+_NAME_MAX = 1 << 16  # longer than any metadata key or architecture name: the header is damaged
 
 
 def check_gguf(path: str | os.PathLike[str]) -> Path:
@@ -307,10 +308,16 @@ def gguf_architecture(path: str | os.PathLike[str]) -> str | None:
             return None
         _tensors, n_kv = struct.unpack("<QQ", fh.read(16))
         for _ in range(min(n_kv, 64)):
-            key = fh.read(struct.unpack("<Q", fh.read(8))[0]).decode("utf-8", "replace")
+            (size,) = struct.unpack("<Q", fh.read(8))
+            if size > _NAME_MAX:
+                return None  # garbage where a key's length belongs
+            key = fh.read(size).decode("utf-8", "replace")
             (kind,) = struct.unpack("<I", fh.read(4))
             if kind == _STRING:
-                value = fh.read(struct.unpack("<Q", fh.read(8))[0])
+                (size,) = struct.unpack("<Q", fh.read(8))
+                if size > _NAME_MAX:
+                    return None
+                value = fh.read(size)
                 if key == "general.architecture":
                     return value.decode("utf-8", "replace")
             elif kind == _ARRAY:
