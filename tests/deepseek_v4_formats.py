@@ -40,6 +40,7 @@ from app.bench.deepseek_v4_formats import (
     vlm_classes,
     write_official,
 )
+from tests.e2e import mlx_folder
 
 __all__ = [
     "RECIPES",
@@ -75,28 +76,8 @@ RECIPES: dict[str, tuple[int, int, str] | str] = {
 
 
 def write_tokenizer(metadata: dict[str, Any], folder: Path) -> None:
-    """The GGUF's byte-level BPE vocabulary as a Hugging Face tokenizer, with a chat template."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    tokens = list(metadata["tokenizer.ggml.tokens"])
-    kinds = metadata["tokenizer.ggml.token_type"].tolist()
-    merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
-    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    control = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
-    tokenizer.add_special_tokens(
-        [AddedToken(t, special=True) for t, k in zip(tokens, kinds, strict=True) if k == control]
-    )
-    tokenizer.save(str(folder / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": tokens[0],
-        "eos_token": tokens[1],
-        "add_bos_token": False,
-        "chat_template": CHAT_TEMPLATE,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config), "utf-8")
+    """The GGUF's tokenizer as a Hugging Face one, with DeepSeek's turn markers as template."""
+    mlx_folder.write_tokenizer(metadata, folder, CHAT_TEMPLATE)
 
 
 def _quantized(official: Path, recipe: str) -> tuple[nn.Module, dict[str, Any]]:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 
 def write_mlx_folder(gguf: Path, folder: Path) -> Path:
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    from app.engine.mlx.gguf_llama import build, meta_value, model_args
+    from app.engine.mlx.gguf_llama import build, model_args
 
     weights, metadata = mx.load(str(gguf), return_metadata=True)
     args = model_args(metadata, weights)
@@ -48,6 +48,19 @@ def write_mlx_folder(gguf: Path, folder: Path) -> Path:
     }
     (folder / "config.json").write_text(json.dumps(config), "utf-8")
 
+    write_tokenizer(metadata, folder)
+    return folder
+
+
+def write_tokenizer(
+    metadata: dict[str, Any], folder: Path, chat_template: str | None = None
+) -> None:
+    """A GGUF's byte-level BPE vocabulary as a Hugging Face tokenizer (`tokenizer.json`) and
+    its `tokenizer_config.json`, with the GGUF's chat template unless another is given."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from app.engine.mlx.gguf_llama import meta_value
+
     tokens = list(metadata["tokenizer.ggml.tokens"])
     kinds = metadata["tokenizer.ggml.token_type"].tolist()
     merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
@@ -56,21 +69,14 @@ def write_mlx_folder(gguf: Path, folder: Path) -> Path:
     tokenizer.decoder = decoders.ByteLevel()
     control = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
     tokenizer.add_special_tokens(
-        [
-            AddedToken(t, special=True)
-            for t, kind in zip(tokens, kinds, strict=True)
-            if kind == control
-        ]
+        [AddedToken(t, special=True) for t, k in zip(tokens, kinds, strict=True) if k == control]
     )
     tokenizer.save(str(folder / "tokenizer.json"))
-    bos = tokens[int(meta_value(metadata, "tokenizer.ggml.bos_token_id"))]
-    eos = tokens[int(meta_value(metadata, "tokenizer.ggml.eos_token_id"))]
-    tokenizer_config = {
+    config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": bos,
-        "eos_token": eos,
+        "bos_token": tokens[int(meta_value(metadata, "tokenizer.ggml.bos_token_id"))],
+        "eos_token": tokens[int(meta_value(metadata, "tokenizer.ggml.eos_token_id"))],
         "add_bos_token": False,
-        "chat_template": metadata["tokenizer.chat_template"],
+        "chat_template": chat_template or metadata["tokenizer.chat_template"],
     }
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config), "utf-8")
-    return folder
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), "utf-8")

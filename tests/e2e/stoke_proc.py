@@ -3,6 +3,7 @@ mounted read-only (a private mount namespace: chmod does not stop root, a mount 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +30,29 @@ def stoke(
     return subprocess.run(
         command, cwd=REPO, env=env, input=stdin, capture_output=True, text=True, timeout=300
     )
+
+
+def one_turn(home: Path, model: Path, engine: str, max_tokens: int) -> dict:
+    """`stoke chat --new -m hi --json` on `model` with `engine`, greedy; its JSON answer (the
+    test fails with the process's stderr when it does not answer)."""
+    done = stoke(
+        home,
+        "chat",
+        "--engine",
+        engine,
+        "--model",
+        str(model),
+        "--new",
+        "-m",
+        "hi",
+        "--json",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        str(max_tokens),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
 
 
 def _namespace() -> list[str]:

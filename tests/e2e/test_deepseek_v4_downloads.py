@@ -7,13 +7,12 @@ mlx-vlm's model and with the release's weights."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from tests import deepseek_v4_formats as formats
-from tests.e2e.stoke_proc import stoke
+from tests.e2e.stoke_proc import one_turn
 
 FOLDERS = ("official", "q4-g64", "q8-g64", "mxfp4", "mixed_2_6", "mlx-vlm")
 
@@ -33,24 +32,7 @@ def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_stoke_chat_answers_from_the_folder(downloads: Path, folder: str, tmp_path: Path) -> None:
-    done = stoke(
-        tmp_path / "home",
-        "chat",
-        "--engine",
-        "mlx",
-        "--model",
-        str(downloads / folder),
-        "--new",
-        "-m",
-        "hi",
-        "--json",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "4",
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    answer = json.loads(done.stdout)
+    answer = one_turn(tmp_path / "home", downloads / folder, "mlx", 4)
     assert answer["status"] == "complete"
     assert answer["stats"]["generated_tokens"] == 4
     assert answer["reply"]

@@ -7,7 +7,6 @@ refused in words, naming what to load instead."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -22,7 +21,7 @@ from app.engine.mlx.gguf_deepseek_v4 import build
 from app.engine.model_file import check_gguf
 from app.engine.protocol import LoadOptions, ModelLoadError
 from app.hardware.synthetic_gguf import write_deepseek4
-from tests.e2e.stoke_proc import stoke
+from tests.e2e.stoke_proc import one_turn, stoke
 from tests.e2e.test_deepseek_v4_logits import DIMS, llamacpp_logits
 
 TOKENS = np.random.default_rng(3).integers(2, 512, 96).tolist()
@@ -53,24 +52,7 @@ def test_an_antirez_file_chats_with_deepseek_v4s_template(tmp_path: Path, engine
     gguf = write_deepseek4(
         tmp_path / "DeepSeek-V4-Flash-q2.gguf", mode="scaled", seed=5, variant="antirez"
     )
-    done = stoke(
-        tmp_path / "home",
-        "chat",
-        "--engine",
-        engine,
-        "--model",
-        str(gguf),
-        "--new",
-        "-m",
-        "hi",
-        "--json",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "3",
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    answer = json.loads(done.stdout)
+    answer = one_turn(tmp_path / "home", gguf, engine, 3)
     assert answer["status"] == "complete" and answer["stats"]["generated_tokens"] == 3
     engine = MlxEngine() if engine == "mlx" else LlamaCppEngine()
     info = engine.load(LoadOptions(str(gguf), n_ctx=256, snapshots=False))

@@ -31,7 +31,9 @@ def write(path: Path, tensors: list[tuple[str, np.ndarray, Q]], arch: str = "lla
     writer = GGUFWriter(path, arch)
     writer.add_block_count(1)
     for name, data, qtype in tensors:
-        if qtype in (Q.F32, Q.F16):
+        if data.dtype == np.uint8:  # bytes already in the type's blocks
+            writer.add_tensor(name, data, raw_dtype=qtype)
+        elif qtype in (Q.F32, Q.F16):
             writer.add_tensor(name, data.astype(np.float16 if qtype == Q.F16 else np.float32))
         else:
             writer.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
@@ -102,16 +104,9 @@ def test_a_cut_off_tensor_is_refused_in_words(tmp_path: Path) -> None:
 def k_quant_file(path: Path) -> Path:
     """A file whose big tensor is Q4_K (bytes of the right size: only the table is read)."""
     block, size = 256, 144
-    writer = GGUFWriter(path, "deepseek4")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", matrix(7))
     raw = np.zeros((64, 1024 // block * size), np.uint8)
-    writer.add_tensor("blk.0.ffn_gate_exps.weight", raw, raw_dtype=Q.Q4_K)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    tensors = [("token_embd.weight", matrix(7), Q.F32), ("blk.0.ffn_gate_exps.weight", raw, Q.Q4_K)]
+    return write(path, tensors, arch="deepseek4")
 
 
 def test_k_quants_on_mlx_are_refused_with_their_cost(tmp_path: Path) -> None:
