@@ -130,3 +130,13 @@ def test_unused_plugins_go_with_the_system_libraries_only_they_link() -> None:
         "libgomp.so.1",
         "libpython3.11.so.1.0",
     }
+
+
+def test_the_bundle_takes_every_kind_of_resource_file() -> None:
+    """The frozen app holds the data files of app/resources (PyInstaller collects by suffix):
+    a kind left out would be missing only in the installed app (the chat templates were)."""
+    spec = (Path(__file__).parents[2] / "packaging" / "stoke.spec").read_text()
+    resources = Path(__file__).parents[2] / "app" / "resources"
+    suffixes = {f.suffix for f in resources.rglob("*") if f.is_file() and f.suffix != ".py"}
+    suffixes -= {".md"}  # provenance notes, for readers of the source
+    assert suffixes and all(f'"**/*{suffix}"' in spec for suffix in suffixes), suffixes
