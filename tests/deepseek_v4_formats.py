@@ -36,6 +36,7 @@ from app.bench.deepseek_v4_formats import (
     logits,
     reference_model,
     source_model,
+    to_bfloat16,
     top1_agreement,
     vlm_classes,
     write_official,
@@ -88,19 +89,7 @@ def _quantized(official: Path, recipe: str) -> tuple[nn.Module, dict[str, Any]]:
     from mlx_lm.utils import quantize_model
 
     model = reference_model(official)
-    keep = model.cast_predicate
-    model.update(
-        dict(
-            _unflatten(
-                {
-                    k: v.astype(mx.bfloat16)
-                    if keep(k) and mx.issubdtype(v.dtype, mx.floating)
-                    else v
-                    for k, v in tree_flatten(model.parameters())
-                }
-            )
-        )
-    )
+    to_bfloat16(model)
     config = json.loads((official / "config.json").read_text())
     config.pop("quantization_config", None)
     spec = RECIPES[recipe]
@@ -113,12 +102,6 @@ def _quantized(official: Path, recipe: str) -> tuple[nn.Module, dict[str, Any]]:
 
 def _every(path: str, module: nn.Module) -> bool:
     return True
-
-
-def _unflatten(flat: dict[str, mx.array]) -> Any:
-    from mlx.utils import tree_unflatten
-
-    return tree_unflatten(list(flat.items()))
 
 
 def mlx_lm_folder(official: Path, folder: Path, recipe: str, metadata: dict[str, Any]) -> Path:

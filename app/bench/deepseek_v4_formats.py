@@ -171,6 +171,19 @@ def reference_model(folder: Path, **overrides: Any) -> nn.Module:
     return model
 
 
+def to_bfloat16(model: nn.Module) -> None:
+    """mlx-vlm's model in bfloat16 as its converter casts it: float parameters its
+    `cast_predicate` names (not the hyper-connection, sink and routing-bias ones)."""
+    from mlx.utils import tree_unflatten
+
+    cast = model.cast_predicate
+    params = [
+        (k, v.astype(mx.bfloat16) if cast(k) and mx.issubdtype(v.dtype, mx.floating) else v)
+        for k, v in tree_flatten(model.parameters())
+    ]
+    model.update(tree_unflatten(params))
+
+
 def logits(model: nn.Module, tokens: list[int]) -> np.ndarray:
     """Logits [L, vocab] of one pass over `tokens`, float32, from Stoke's or mlx-vlm's model."""
     out = model(mx.array([tokens]), cache=model.make_cache())  # mlx-vlm masks by its cache

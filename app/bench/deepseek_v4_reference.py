@@ -105,7 +105,6 @@ def _pair(exact: bool, **dims: int) -> dict[str, Any]:
     mlx-vlm's float parameters in bfloat16 on a GPU as its `cast_predicate` casts them, in
     float32 on the CPU, whose MoE gathers take nothing else)."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_unflatten
 
     from app.bench import deepseek_v4_formats as formats
     from app.engine.mlx.deepseek_v4 import Model, ModelArgs
@@ -128,13 +127,7 @@ def _pair(exact: bool, **dims: int) -> dict[str, Any]:
     if exact:
         models["stoke"].set_dtype(mx.float32)
     elif mx.default_device() != mx.cpu:
-        reference = models["mlx-vlm"]
-        cast = reference.cast_predicate
-        params = [
-            (k, v.astype(mx.bfloat16) if cast(k) and v.dtype == mx.float32 else v)
-            for k, v in tree_flatten(reference.parameters())
-        ]
-        reference.update(tree_unflatten(params))
+        formats.to_bfloat16(models["mlx-vlm"])
     return models
 
 

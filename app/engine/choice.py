@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.gguf_info import inspect_gguf
-from app.engine.mlx.registry import GGUF_BUILDERS, not_compact
+from app.engine.mlx.registry import GGUF_BUILDERS, not_compact, not_compact_reason
 from app.engine.model_file import gguf_architecture
 from app.engine.protocol import LoadOptions, ModelLoadError
 
@@ -49,13 +49,13 @@ def _architecture(path: Path) -> str | None:
         return None  # the engine that loads it says what is wrong with the file
 
 
-def _not_compact(path: Path) -> list[str]:
+def _not_compact(path: Path) -> set[str]:
     """The file's tensor types MLX would expand (none when its header cannot be read: the
     engine that loads it says what is wrong)."""
     try:
-        return sorted(not_compact(inspect_gguf(path)))
+        return set(not_compact(inspect_gguf(path)))
     except (OSError, ModelLoadError):
-        return []
+        return set()
 
 
 def platform_choice(model_path: str | os.PathLike[str]) -> EngineChoice:
@@ -77,11 +77,7 @@ def platform_choice(model_path: str | os.PathLike[str]) -> EngineChoice:
         )
     heavy = _not_compact(path)
     if heavy:
-        return EngineChoice(
-            "llama.cpp",
-            f"its {', '.join(sorted(heavy))} tensors have no compact MLX form (MLX would expand "
-            "them to float16, about 4x): llama.cpp (Metal) runs the file at its own size",
-        )
+        return EngineChoice("llama.cpp", not_compact_reason(heavy))
     return EngineChoice(
         "mlx",
         "Apple Silicon: MLX runs it on the GPU in unified memory "

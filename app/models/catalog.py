@@ -23,7 +23,7 @@ from typing import Any
 
 from app import resources
 from app.engine.gguf_info import GGUFInfo
-from app.engine.mlx.registry import GGUF_COMPACT_TYPES
+from app.engine.mlx.registry import GGUF_COMPACT_TYPES, not_compact_reason
 from app.hardware.detect import Hardware
 from app.hardware.planner import DeviceBudget, Plan, plan
 
@@ -132,13 +132,9 @@ def engine_for(entry: CatalogEntry, hardware: Hardware) -> dict[str, str]:
     if hardware.apple is None:
         return {"engine": "llama.cpp", "engine_reason": "GGUF on CPUs and NVIDIA/AMD GPUs"}
     types = {t.strip().removeprefix("UD-") for t in (entry.quant or "").split("/")}
-    heavy = sorted(t for t in types if t not in GGUF_COMPACT_TYPES)
+    heavy = types - GGUF_COMPACT_TYPES
     if heavy:
-        return {
-            "engine": "llama.cpp",
-            "engine_reason": f"its {', '.join(heavy)} tensors have no compact MLX form: "
-            "llama.cpp (Metal) runs the file at its own size",
-        }
+        return {"engine": "llama.cpp", "engine_reason": not_compact_reason(heavy)}
     return {"engine": "MLX", "engine_reason": "its tensors stay compact on MLX, on the GPU"}
 
 

@@ -25,7 +25,6 @@ from typing import Any, Literal
 from app import paths
 from app.engine.choice import platform_choice
 from app.engine.gguf_info import inspect_gguf
-from app.engine.mlx.registry import mlx_bytes
 from app.engine.model_file import fingerprint
 from app.engine.protocol import ModelLoadError
 from app.models import load_settings
@@ -704,12 +703,8 @@ class Placement:
 
 
 def placement(model: ModelEntry) -> Placement:
-    """`model`'s `Placement`: a GGUF on MLX holds its compact tensors at their size and would
-    expand the others (the engine choice sends such a file to llama.cpp); llama.cpp and MLX
-    folders hold what is on disk."""
+    """`model`'s `Placement`. Its weights take their size on disk on either engine: the engine
+    choice sends a GGUF that MLX would expand (K-quants, IQ types) to llama.cpp, so whatever
+    MLX runs it holds compact."""
     choice = platform_choice(model.path)
-    memory = model.size_bytes
-    if model.format == "gguf" and choice.engine == "mlx":
-        with contextlib.suppress(OSError, ModelLoadError):
-            memory = mlx_bytes(inspect_gguf(model.path))
-    return Placement(choice.engine, choice.reason, memory)
+    return Placement(choice.engine, choice.reason, model.size_bytes)

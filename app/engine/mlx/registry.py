@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -36,6 +37,15 @@ FLOAT16_BYTES_PER_VALUE = 2  # what MLX expands a tensor of any other type to
 def not_compact(info: GGUFInfo) -> Counter[str]:
     """Tensors per ggml type in `info` that MLX cannot keep compact."""
     return Counter(t.ggml_type for t in info.tensors if t.ggml_type not in GGUF_COMPACT_TYPES)
+
+
+def not_compact_reason(types: Iterable[str]) -> str:
+    """Why a GGUF of these (not compact) tensor types runs on llama.cpp, in one line: the
+    engine choice says it for a file, the catalog for a download."""
+    return (
+        f"its {', '.join(sorted(types))} tensors have no compact MLX form (MLX would expand "
+        "them to float16, about 4x): llama.cpp (Metal) runs the file at its own size"
+    )
 
 
 def mlx_bytes(info: GGUFInfo) -> int:
