@@ -1,6 +1,6 @@
 """Benchmarks (not timed tests): `stoke bench kv|ui|attach|serve|prefill|cpu-buffers|decode|
 dsv4-reference`, device scripts; each prints a table and writes JSON (the top-level
-bench/results/ holds the runs the README quotes).
+bench/results/ holds the runs docs/ quotes).
 
 May import: every room, the window included (`bench ui` streams into it). Nothing imports
 this room but `app.cli.bench`.

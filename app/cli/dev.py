@@ -1,7 +1,7 @@
 """`stoke dev`: developer tools: synthetic DeepSeek V4 Flash GGUFs, the Flash layout the
 catalog ships (regenerate it when `app/hardware/synthetic_gguf.py` changes), a draft model cut
 from a GGUF's first blocks (for speculative decoding's bench), and the walk that photographs
-the window for the README."""
+the window for the README and docs/."""
 
 from __future__ import annotations
 
