@@ -3,8 +3,8 @@ manager, photographed scene by scene.
 
 Starts Xvfb and openbox (unless DISPLAY is already set), a fresh STOKE_HOME, and the app's own
 start-up on the default model, then walks the scenes below at each size and theme and saves a
-PNG of the screen around the window (its frame included) per scene. The pictures of the README and docs/ are
-chosen from these (`docs/`); a person looks at every one of them.
+PNG of the screen around the window (its frame included) per scene. The pictures of the README
+and docs/ are chosen from these (`docs/`); a person looks at every one of them.
 """
 
 from __future__ import annotations
