@@ -121,10 +121,13 @@ def _split_plan(model_path: str, servers: list[RpcServer]) -> Plan:
 def _options(model_path: str, p: Plan | None = None, **extra) -> LoadOptions:
     planned = load_options(p) if p is not None else {}
     keep = ("n_gpu_layers", "tensor_split", "overrides", "rpc_servers", "devices")
+    # plain CPU buffers here as on the servers (which never repack): repacked Q4 kernels round
+    # differently, and on some CPUs that alone changed a greedy token of the split's replies
     return LoadOptions(
         model_path,
         n_ctx=4096,
         n_seq_max=2,
+        cpu_buffers="none",
         **{k: planned[k] for k in keep if k in planned},
         **extra,
     )
