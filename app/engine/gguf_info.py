@@ -1,7 +1,8 @@
 """What a GGUF holds, read from its header alone: the facts an offload planner places by.
 
 A 150 GB model must be sized before anything loads it, so this reads metadata and tensor
-infos through gguf-py's memory-mapped reader and never touches tensor data. Split models
+infos from the memory-mapped header (gguf_header.py: the vocabulary is stepped over, not
+decoded) and never touches tensor data. Split models
 (`name-00001-of-00004.gguf`) are read as one model across all their parts.
 """
 
@@ -16,9 +17,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileType
-from gguf.gguf_reader import ReaderField
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
+from app.engine.gguf_header import GGUFHeader, HeaderError, open_header
 from app.engine.model_file import check_gguf
 from app.engine.protocol import ModelLoadError
 
@@ -174,50 +175,28 @@ def split_parts(path: Path) -> tuple[Path, ...]:
     return parts
 
 
-class _HeaderReader(GGUFReader):
-    """GGUFReader that keeps the tensor infos and maps no tensor data: gguf-py would reshape a
-    view of every tensor, which fails on a truncated file before it could be named so."""
-
-    def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
-        self.tensor_fields = fields
-        self.tensors = []
+def _damaged(path: Path) -> ModelLoadError:
+    return ModelLoadError(
+        f"{path.name} is truncated or damaged: its GGUF header cannot be read. Download it again."
+    )
 
 
-def _read(path: Path) -> _HeaderReader:
-    check_gguf(path)
-    try:
-        return _HeaderReader(path)
-    except Exception as exc:  # gguf-py reports a cut-off header as whatever broke first
-        raise ModelLoadError(  # gguf-py's and numpy's own words name their internals
-            f"{path.name} is truncated or damaged: its GGUF header cannot be read. "
-            "Download it again."
-        ) from exc
-
-
-def _value(field: ReaderField) -> object | None:
-    """A metadata value as plain Python; None for arrays too long to be per-layer values."""
-    if len(field.data) > _MAX_ARRAY:
-        return None
-    value = field.contents()
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _tensors(reader: _HeaderReader, part: int, file_size: int, path: Path) -> list[TensorInfo]:
+def _tensors(header: GGUFHeader, part: int, file_size: int, path: Path) -> list[TensorInfo]:
     tensors = []
-    for field in reader.tensor_fields:
-        _, name_data, _, dims, raw_type, rel_offset = field.parts
-        name = bytes(name_data).decode("utf-8", "replace")
+    data_offset = header.data_offset
+    for entry in header.tensors():
+        name = entry.name
         try:
-            qtype = GGMLQuantizationType(int(raw_type[0]))
+            qtype = GGMLQuantizationType(entry.ggml_type)
         except ValueError as exc:
             raise ModelLoadError(
-                f"{path.name}: tensor {name} has ggml type {int(raw_type[0])}, which this "
+                f"{path.name}: tensor {name} has ggml type {entry.ggml_type}, which this "
                 "version of Stoke does not know. Update Stoke or choose another file."
             ) from exc
         block, type_size = GGML_QUANT_SIZES[qtype]
-        shape = tuple(int(d) for d in dims)
+        shape = entry.dims
         n_bytes = math.prod(shape) * type_size // block
-        offset = reader.data_offset + int(rel_offset[0])
+        offset = data_offset + entry.offset
         if offset + n_bytes > file_size:
             raise ModelLoadError(
                 f"{path.name} is truncated: tensor {name} ends at byte {offset + n_bytes:,} "
@@ -256,16 +235,20 @@ def inspect_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     tensors: list[TensorInfo] = []
     vocab_size = None
     for index, part in enumerate(parts):
-        reader = _read(part)
-        for key, field in reader.fields.items():
-            if key.startswith("GGUF."):
-                continue
-            if key == "tokenizer.ggml.tokens":
-                vocab_size = len(field.data)
-            value = _value(field)
-            if value is not None:
-                metadata.setdefault(key, value)
-        tensors.extend(_tensors(reader, index, part.stat().st_size, part))
+        check_gguf(part)
+        try:
+            with open_header(part) as header:
+                for entry in header.entries():
+                    if entry.key == "tokenizer.ggml.tokens":
+                        vocab_size = entry.count
+                    value = header.value(entry, _MAX_ARRAY)
+                    if value is not None:
+                        metadata.setdefault(entry.key, value)
+                tensors.extend(_tensors(header, index, part.stat().st_size, part))
+        except HeaderError:
+            raise _damaged(part) from None
+        except OSError as exc:
+            raise ModelLoadError(f"Cannot read the model file {part}: {exc.strerror}.") from exc
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelLoadError(f"{first.name} has no general.architecture: it is not a model file.")

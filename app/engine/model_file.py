@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
-import mmap
 import os
 import re
 import shutil
 import struct
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from app import paths
+from app.engine.gguf_header import HeaderError, open_header
 from app.engine.protocol import ModelLoadError
 
 logger = logging.getLogger("stoke.model_file")
@@ -31,7 +31,7 @@ _SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _SAFETENSORS_HEADER_MAX = 100 << 20
 _HASH_CHUNK = 8 << 20
 _CACHE_NAME = "model-hashes.json"
-_NAME_MAX = 1 << 16  # longer than any metadata key or architecture name: the header is damaged
+_ARCH_WITHIN = 64  # metadata entries searched for the architecture, which writers put first
 
 
 def check_gguf(path: str | os.PathLike[str]) -> Path:
@@ -146,29 +146,12 @@ def _parts(file: Path) -> list[Path]:
 def _header_digest(file: Path) -> bytes:
     """sha256 of a GGUF's header (everything before the tensor data); of the first MiB for a
     file that is not a readable GGUF, whose checks fail later with their own words."""
-    with file.open("rb") as fh:
-        try:
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                return hashlib.sha256(view[: _gguf_header_end(view)]).digest()
-        except (ValueError, OSError, struct.error):
-            fh.seek(0)
+    try:
+        with open_header(file) as header:
+            return hashlib.sha256(header.view[: header.end]).digest()
+    except (ValueError, OSError):
+        with file.open("rb") as fh:
             return hashlib.sha256(fh.read(1 << 20)).digest()
-
-
-def _gguf_header_end(view: mmap.mmap) -> int:
-    """Offset of the first byte after the tensor infos. Raises ValueError for anything that is
-    not a GGUF v2/v3 header inside the file."""
-    if view[:4] != GGUF_MAGIC or struct.unpack_from("<I", view, 4)[0] not in (2, 3):
-        raise ValueError("not a GGUF v2/v3 file")
-    (n_tensors,) = struct.unpack_from("<Q", view, 8)
-    pos = max((end for *_, end in _metadata(view)), default=24)
-    for _ in range(n_tensors):
-        pos = _skip_string(view, pos)
-        (n_dims,) = struct.unpack_from("<I", view, pos)
-        pos += 4 + 8 * n_dims + 4 + 8  # dims, type, offset
-    if pos > len(view):
-        raise ValueError("the tensor infos run past the end of the file")
-    return pos
 
 
 def _folder_fingerprint(folder: Path) -> str:
@@ -296,77 +279,18 @@ def _hash_file(file: Path) -> str:
 _content_hashes = _ContentHashes()
 
 
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY = 8, 9
-
-
 def gguf_architecture(path: str | os.PathLike[str]) -> str | None:
     """`general.architecture` of a GGUF, read from the first metadata entries only (it is
-    written first), so choosing an engine never parses a whole vocabulary."""
-    with Path(path).open("rb") as fh:
-        if fh.read(4) != GGUF_MAGIC or struct.unpack("<I", fh.read(4))[0] not in (2, 3):
-            return None
-        _tensors, n_kv = struct.unpack("<QQ", fh.read(16))
-        for _ in range(min(n_kv, 64)):
-            (size,) = struct.unpack("<Q", fh.read(8))
-            if size > _NAME_MAX:
-                return None  # garbage where a key's length belongs
-            key = fh.read(size).decode("utf-8", "replace")
-            (kind,) = struct.unpack("<I", fh.read(4))
-            if kind == _STRING:
-                (size,) = struct.unpack("<Q", fh.read(8))
-                if size > _NAME_MAX:
-                    return None
-                value = fh.read(size)
-                if key == "general.architecture":
-                    return value.decode("utf-8", "replace")
-            elif kind == _ARRAY:
-                item, count = struct.unpack("<IQ", fh.read(12))
-                if item not in _SCALAR_SIZES:
-                    return None  # arrays of strings come after the architecture
-                fh.seek(count * _SCALAR_SIZES[item], os.SEEK_CUR)
-            elif kind in _SCALAR_SIZES:
-                fh.seek(_SCALAR_SIZES[kind], os.SEEK_CUR)
-            else:
-                return None
+    written first), so choosing an engine never walks a whole vocabulary."""
+    try:
+        with open_header(path) as header:
+            for entry in itertools.islice(header.entries(), _ARCH_WITHIN):
+                if entry.key == "general.architecture":
+                    value = header.value(entry)
+                    return value if isinstance(value, str) else None
+    except HeaderError:
+        return None
     return None
-
-
-def _metadata(view: mmap.mmap) -> Iterator[tuple[bytes, int, int]]:
-    """Each metadata entry of a GGUF header: (key, where its value starts, where it ends).
-    Raises ValueError or struct.error where the header is cut off or unknown."""
-    (n_kv,) = struct.unpack_from("<Q", view, 16)
-    pos = 24
-    for _ in range(n_kv):
-        start = _skip_string(view, pos)
-        key = view[pos + 8 : start]
-        (kind,) = struct.unpack_from("<I", view, start)
-        pos = _skip_value(view, kind, start + 4)
-        yield key, start, pos
-
-
-def _skip_string(view: mmap.mmap, at: int) -> int:
-    (length,) = struct.unpack_from("<Q", view, at)
-    if at + 8 + length > len(view):
-        raise ValueError("a string runs past the end of the file")
-    return at + 8 + length
-
-
-def _skip_value(view: mmap.mmap, kind: int, at: int) -> int:
-    """The offset after a metadata value of `kind` that starts at `at`."""
-    if kind in _SCALAR_SIZES:
-        return at + _SCALAR_SIZES[kind]
-    if kind == _STRING:
-        return _skip_string(view, at)
-    if kind != _ARRAY:
-        raise ValueError(f"unknown metadata type {kind}")
-    item, count = struct.unpack_from("<IQ", view, at)
-    at += 12
-    if item in _SCALAR_SIZES:
-        return at + count * _SCALAR_SIZES[item]
-    for _ in range(count):
-        at = _skip_value(view, item, at)
-    return at
 
 
 def tokenizer_fingerprint(path: str | os.PathLike[str]) -> str:
@@ -379,14 +303,14 @@ def tokenizer_fingerprint(path: str | os.PathLike[str]) -> str:
         digest.update((file / "tokenizer.json").read_bytes())
         return digest.hexdigest()[:16]
     file = _parts(check_gguf(file))[0]
-    with file.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as view:
-        try:
-            for key, start, end in _metadata(view):
-                if key.startswith(b"tokenizer.ggml."):
-                    digest.update(key + view[start:end])
-        except (struct.error, ValueError) as exc:
-            raise ModelLoadError(
-                f"{file.name} is truncated or damaged: its GGUF header cannot be read. "
-                "Download it again."
-            ) from exc
+    try:
+        with open_header(file) as header:
+            for entry in header.entries():
+                if entry.key.startswith("tokenizer.ggml."):  # its key, type and value
+                    digest.update(header.view[entry.start + 8 : entry.end])
+    except HeaderError as exc:
+        raise ModelLoadError(
+            f"{file.name} is truncated or damaged: its GGUF header cannot be read. "
+            "Download it again."
+        ) from exc
     return digest.hexdigest()[:16]

@@ -35,8 +35,23 @@ def engine() -> str:
     return "llama.cpp"
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tests' tiny chat model (tests/tiny_model.py): SmolLM2's tokenizer, random weights."""
+    from tests.tiny_model import write_tiny_chat_model
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    return str(write_tiny_chat_model(default_model_path(), folder / "tiny-chat.gguf"))
+
+
 @pytest.fixture
-def model_path() -> str:
+def model_path(engine: str, request: pytest.FixtureRequest) -> str:
+    """The default model on llama.cpp; on MLX, whose CPU build runs SmolLM2 at a few tokens a
+    second with its weights expanded to float32, the tiny model: the `both_engines` tests prove
+    mechanisms, which it proves as well (SmolLM2 on MLX stays in test_mlx_folder.py and
+    test_engine_agreement.py)."""
+    if engine == "mlx":
+        return request.getfixturevalue("tiny_model")
     return str(default_model_path())
 
 

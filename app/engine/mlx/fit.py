@@ -14,10 +14,10 @@ def fit_device(model: nn.Module, *, gguf: bool) -> nn.Module:
     A GGUF keeps its norms in float32 beside float16 scales: on a GPU everything computes
     in float16, as the quantized layers do."""
     if mx.default_device() == mx.cpu:
-        from mlx_lm.utils import dequantize_model
+        from app.engine.mlx.lm import dequantized
 
         model.set_dtype(mx.float32)
-        model = dequantize_model(model)
+        model = dequantized(model)
         model.set_dtype(mx.float32)  # float-block modes (mxfp4, mxfp8) expand to bfloat16
         return model
     if gguf:

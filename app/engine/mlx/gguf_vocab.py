@@ -5,9 +5,10 @@ ids for the same text. It used to borrow llama.cpp's vocab-only load for that, w
 llama.cpp in the MLX engine's process: on a CUDA machine the CUDA builds of llama.cpp and MLX
 (and the PyTorch an image carries) then share one process, and llama.cpp's std::regex split of
 the vocabulary crashed there. Here the same tokenizer is rebuilt from what the GGUF stores
-(tokens, their types, merges, the pre-tokenizer's name), read from the file's header (`_header`:
-gguf-py's reader takes seconds over a vocabulary's hundred thousand strings, this a tenth of
-one), and run by Hugging Face `tokenizers`, as llama.cpp runs it:
+(tokens, their types, merges, the pre-tokenizer's name), read from the file's header
+(app/engine/gguf_header.py: gguf-py's reader takes seconds over a vocabulary's hundred
+thousand strings, this a tenth of one), and run by Hugging Face `tokenizers`, as llama.cpp
+runs it:
 
 - the text is split by the pre-tokenizer's regular expressions, each one splitting the pieces
   the last one left, in llama.cpp's order (llama-vocab.cpp, `llm_tokenizer_bpe`);
@@ -24,14 +25,14 @@ rebuilt one to llama.cpp's ids, bytes and end-of-generation set.
 
 from __future__ import annotations
 
-import mmap
-import struct
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from app.engine.gguf_header import HeaderError, open_header
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _DEEPSEEK3 = (
@@ -113,59 +114,13 @@ def _piece(text: str, kind: int) -> bytes:
     return b""  # unused and byte tokens render as nothing in a BPE vocab
 
 
-# GGUF value types -> struct formats (gguf-py's GGUFValueType); 8 is a string, 9 an array
-_SCALARS = {
-    0: "B",
-    1: "b",
-    2: "H",
-    3: "h",
-    4: "I",
-    5: "i",
-    6: "f",
-    7: "?",
-    10: "Q",
-    11: "q",
-    12: "d",
-}
-
-
 def _header(path: Path) -> dict[str, Any]:
-    """The metadata of a GGUF (little-endian, version 2 or 3), its arrays as lists."""
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if data[:4] != b"GGUF":
-            return {}
-        pos = 24  # magic, version, tensor count
-        (n_kv,) = struct.unpack_from("<Q", data, 16)
-
-        def string() -> str:
-            nonlocal pos
-            (n,) = struct.unpack_from("<Q", data, pos)
-            pos += 8 + n
-            return data[pos - n : pos].decode("utf-8", "replace")
-
-        def value(kind: int) -> Any:
-            nonlocal pos
-            if kind == 8:
-                return string()
-            if kind == 9:
-                item, n = struct.unpack_from("<IQ", data, pos)
-                pos += 12
-                if item in _SCALARS:
-                    fmt = f"<{n}{_SCALARS[item]}"
-                    pos += struct.calcsize(fmt)
-                    return list(struct.unpack_from(fmt, data, pos - struct.calcsize(fmt)))
-                return [value(item) for _ in range(n)]
-            fmt = "<" + _SCALARS[kind]
-            pos += struct.calcsize(fmt)
-            return struct.unpack_from(fmt, data, pos - struct.calcsize(fmt))[0]
-
-        metadata = {}
-        for _ in range(n_kv):
-            key = string()
-            (kind,) = struct.unpack_from("<I", data, pos)
-            pos += 4
-            metadata[key] = value(kind)
-        return metadata
+    """The metadata of a GGUF, its arrays as tuples; empty for a file that is not one."""
+    try:
+        with open_header(path) as header:
+            return header.metadata()
+    except HeaderError:
+        return {}
 
 
 class GGUFVocab:

@@ -10,8 +10,9 @@ whose __init__ has not run: its submodules import as usual, each with its own im
 transformers loads only where something needs it (an mlx-lm folder's Hugging Face tokenizer,
 `mlx_lm.utils`). A process that imported mlx_lm before keeps it whole.
 
-`packed_config` is `mlx_lm.utils.infer_quant_config`, here because `mlx_lm.utils` imports
-transformers at its top and every GGUF load asks it.
+`packed_config` is `mlx_lm.utils.infer_quant_config` and `dequantized` its
+`dequantize_model`, here because `mlx_lm.utils` imports transformers at its top (seconds in
+every engine process) and every GGUF load asks the first, every CPU load the second.
 """
 
 from __future__ import annotations
@@ -54,3 +55,38 @@ def packed_config(path: str, module: nn.Module, weights: dict[str, Any]) -> dict
             f"Cannot infer the quantization mode of {path}: {bits} bits, group size {group_size}."
         )
     return {"group_size": group_size, "bits": bits, "mode": modes[bits, group_size]}
+
+
+def dequantized(model: nn.Module) -> nn.Module:
+    """`model` with its quantized layers (linear, embedding, mlx-lm's expert switch) expanded
+    to dense ones, exactly (mlx-lm's rule)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_unflatten
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+    dense: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.QuantizedEmbedding):
+            kind, kwargs = nn.Embedding, {}
+        elif isinstance(module, nn.QuantizedLinear | QuantizedSwitchLinear):
+            kind = SwitchLinear if isinstance(module, QuantizedSwitchLinear) else nn.Linear
+            kwargs = {"bias": "bias" in module}
+        else:
+            continue
+        weight = mx.dequantize(
+            module.weight,
+            module.scales,
+            module.biases,
+            module.group_size,
+            module.bits,
+            module.mode,
+        )
+        layer = kind(*weight.shape[::-1], **kwargs)
+        if kwargs.get("bias"):
+            layer.bias = module.bias
+        layer.weight = weight
+        dense.append((name, layer))
+    if dense:
+        model.update_modules(tree_unflatten(dense))
+    return model
