@@ -33,7 +33,7 @@ DIST = ROOT / "dist"
 CACHE = ROOT / "build" / "package"
 INSTALL_DIR = Path("opt") / "stoke"
 APP_ID = "org.stoke.Stoke"
-SOURCES = ("app", "packaging", "pyproject.toml")
+SOURCES = ("app", "resources", "packaging", "pyproject.toml")
 # What the bundle takes from the system: the C library, and the X11/Wayland, OpenGL and font
 # libraries Qt's window needs (the ones app/qt_check.py names when one is missing).
 DEPENDS = (

@@ -1,6 +1,6 @@
 """The packages' icons, drawn at build time from the app icon Stoke itself shows.
 
-One source: app/resources/icons/stoke.svg (the window icon). Linux gets the hicolor theme's
+One source: resources/icons/stoke.svg (the window icon). Linux gets the hicolor theme's
 PNG sizes and the SVG as `scalable`; macOS gets an .icns, written here (PNG payloads under
 their type codes) rather than by `iconutil`, so the Linux build can make and check it too.
 Run as a script: `python packaging/icons.py OUT` writes both under OUT.
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APP_ICON = ROOT / "app" / "resources" / "icons" / "stoke.svg"
+APP_ICON = ROOT / "resources" / "icons" / "stoke.svg"
 ICON_NAME = "stoke"
 HICOLOR_SIZES = (16, 22, 24, 32, 48, 64, 96, 128, 256, 512)
 # .icns type code -> pixel size (the @2x codes hold the doubled size of their point size).

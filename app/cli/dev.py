@@ -15,7 +15,7 @@ from app.models.catalog import FLASH_LAYOUT
 from app.models.default import default_model_path
 from app.models.truncated_gguf import write_truncated
 
-SHIPPED_LAYOUT = Path(resources.__file__).with_name(FLASH_LAYOUT)
+SHIPPED_LAYOUT = resources.CHECKOUT / FLASH_LAYOUT
 
 
 def _make_gguf(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ CHATML = (
 
 
 # Architectures whose models often carry no template, and the one they were trained with
-# (app/resources/chat_templates/README.md says where each comes from).
+# (resources/chat_templates/README.md says where each comes from).
 _BUILTIN = {"deepseek4": "deepseek-v4", "deepseek_v4": "deepseek-v4"}
 _RELEASES = ("0731",)  # a release whose template differs, named in the model's name
 

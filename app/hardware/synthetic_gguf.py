@@ -434,7 +434,7 @@ def write_deepseek4(
 
 
 def flash_layout_text() -> str:
-    """DeepSeek V4 Flash's layout as the catalog ships it (`app/resources/flash_layout.json`):
+    """DeepSeek V4 Flash's layout as the catalog ships it (`resources/flash_layout.json`):
     the full-size replica's header, read from a temporary folder, without its vocabulary.
 
     One JSON row per tensor, so a change of layout reads as a diff.

@@ -1,10 +1,10 @@
 """Recommended models, and whether each fits this machine before a byte is downloaded.
 
-The catalog ships inside the package (`app/resources/catalog.json`, package data) so an installed
-Stoke finds it without knowing where it was installed from.
+The catalog ships as package data (`resources/catalog.json`, read through app.resources) so an
+installed Stoke finds it without knowing where it was installed from.
 
 DeepSeek V4 Flash GGUF entries get the offload planner's verdict before any download: the
-planner places the real Flash layout (`app/resources/flash_layout.json`, the header of the
+planner places the real Flash layout (`resources/flash_layout.json`, the header of the
 full-size replica of `app.hardware.synthetic_gguf`: every tensor's name, shape and type) with
 its expert tensors sized to the entry's file, on this machine's GPUs and RAM. Other entries,
 small dense models for which "does it fit" is a matter of size, get a size rule on the same
@@ -101,7 +101,7 @@ class Fit:
 
 
 PLAN_CONTEXT = 65_536  # the context a catalog verdict plans for (stoke plan's default)
-FLASH_LAYOUT = "flash_layout.json"  # in app/resources
+FLASH_LAYOUT = "flash_layout.json"  # in resources/
 
 
 def assess(entry: CatalogEntry, hardware: Hardware) -> Fit:

@@ -1,8 +1,8 @@
 """Light and dark themes; "system" follows the platform's color scheme as it changes.
 
-The colours and the style sheets live in app.resources (palette.json, *.qss): this module
-reads them once and is how every other UI file gets a status colour, a style sheet or the
-app icon."""
+The colours and the style sheets live in resources/ (palette.json, *.qss, read through
+app.resources): this module reads them once and is how every other UI file gets a status
+colour, a style sheet or the app icon."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _template(name: str) -> string.Template:
 
 
 def stylesheet(name: str, **values: str) -> str:
-    """A style sheet of app.resources, its $names filled from STATUS and `values`."""
+    """A style sheet of resources/, its $names filled from STATUS and `values`."""
     return _template(name).substitute(STATUS, **values)
 
 

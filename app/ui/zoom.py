@@ -1,6 +1,6 @@
 """Text zoom for the conversation and the composer: Ctrl/Cmd + / - / 0, remembered.
 
-The sizes go in as a style sheet (app/resources/zoom.qss) on the chat's canvas and on the
+The sizes go in as a style sheet (resources/zoom.qss) on the chat's canvas and on the
 composer's editor, because the app's style sheet sets the composer's font size and a style
 sheet beats setFont; at 100% the sheets are cleared and the app looks exactly as without zoom.
 """

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pytestqt.qtbot import QtBot
 
+from app import resources
 from app.engine.host import EngineState
 from app.ui.banner import Banner
 from app.ui.theme import BANNER
@@ -117,5 +118,5 @@ def test_the_models_dialog_reopens_without_an_old_message(harness: Harness):
 
 
 def test_success_kinds_are_in_the_palette() -> None:
-    palette = json.loads((Path("app/resources/palette.json")).read_text("utf-8"))
+    palette = json.loads(resources.read_text("palette.json"))
     assert set(palette["banner"]) >= {"error", "info", "success"}

@@ -8,6 +8,7 @@ installs and runs. Marked `package`: `make test` leaves it out, `.ci/run` runs i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+RESOURCES = ROOT / "resources"
 HICOLOR = (16, 22, 24, 32, 48, 64, 96, 128, 256, 512)
 APP_ID = "org.stoke.Stoke"
 
@@ -140,6 +142,22 @@ def test_the_installed_app_draws_its_window(root: Path, home: dict[str, str]) ->
     assert not image.isNull() and image.width() >= 900, (image.width(), image.height())
     colours = {image.pixel(x, y) for x in range(0, image.width(), 7) for y in range(0, 600, 7)}
     assert len(colours) > 20, "the window is blank"
+
+
+def test_the_installed_app_reads_every_asset(root: Path, home: dict[str, str]) -> None:
+    """The bundle carries resources/ where app/resources.py reads it: every asset reads back
+    through the app's own reader as the checkout has it (the notes, *.md, stay behind)."""
+    files = [p for p in RESOURCES.rglob("*") if p.is_file() and p.suffix != ".md"]
+    names = sorted(str(p.relative_to(RESOURCES)) for p in files)
+    code = (
+        "import hashlib, json, sys\nfrom app import resources\n"
+        "print(json.dumps({n: hashlib.sha256(resources.read_bytes(n)).hexdigest()"
+        " for n in sys.argv[1:]}))"
+    )
+    done = _stoke(root, home, "-c", code, *names)
+    assert done.returncode == 0, done.stderr[-3000:]
+    read = json.loads(done.stdout)
+    assert read == {n: hashlib.sha256((RESOURCES / n).read_bytes()).hexdigest() for n in names}
 
 
 def test_the_installed_app_chats_with_the_bundled_model(root: Path, home: dict[str, str]) -> None:

@@ -1,12 +1,16 @@
 """The parts of packaging/ that need no bundle: the frozen entry's interpreter forms, the
-icons, and what trim.py cuts (the built .deb itself: tests/package/test_package.py)."""
+icons, what trim.py cuts, and that the wheel and the bundle take every asset (the built .deb
+itself: tests/package/test_package.py)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import re
 import struct
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 
@@ -14,6 +18,7 @@ import llama_cpp
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGING = ROOT / "packaging"
+RESOURCES = ROOT / "resources"
 
 
 def _load(name: str) -> ModuleType:
@@ -132,11 +137,34 @@ def test_unused_plugins_go_with_the_system_libraries_only_they_link() -> None:
     }
 
 
+def _resource_files() -> set[Path]:
+    """The assets, as paths inside resources/."""
+    return {p.relative_to(RESOURCES) for p in RESOURCES.rglob("*") if p.is_file()}
+
+
 def test_the_bundle_takes_every_kind_of_resource_file() -> None:
-    """The frozen app holds the data files of app/resources (PyInstaller collects by suffix):
-    a kind left out would be missing only in the installed app (the chat templates were)."""
-    spec = (Path(__file__).parents[2] / "packaging" / "stoke.spec").read_text()
-    resources = Path(__file__).parents[2] / "app" / "resources"
-    suffixes = {f.suffix for f in resources.rglob("*") if f.is_file() and f.suffix != ".py"}
-    suffixes -= {".md"}  # provenance notes, for readers of the source
-    assert suffixes and all(f'"**/*{suffix}"' in spec for suffix in suffixes), suffixes
+    """The frozen app holds the files of resources/ (stoke.spec collects them by suffix): a
+    kind left out would be missing only in the installed app (the chat templates were)."""
+    spec = (PACKAGING / "stoke.spec").read_text()
+    collected = re.search(r"^RESOURCE_SUFFIXES = (\(.*?\))$", spec, re.MULTILINE)
+    assert collected, "stoke.spec names no RESOURCE_SUFFIXES"
+    suffixes = {f.suffix for f in _resource_files()} - {".md"}  # notes for readers of the source
+    assert suffixes and suffixes <= set(ast.literal_eval(collected.group(1))), suffixes
+
+
+def test_the_wheel_takes_every_resource_file_and_package() -> None:
+    """pyproject.toml names every package (resources/ maps to app.resources, which a search
+    under app/ cannot find) and its package-data every file of resources/, so none is missing
+    only from an installed Stoke."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"app.resources": "resources"}
+    files = _resource_files()
+    packages = {".".join(p.parent.relative_to(ROOT).parts) for p in ROOT.glob("app/**/__init__.py")}
+    packages |= {".".join(("app", "resources", *f.parent.parts)) for f in files}
+    assert set(setuptools["packages"]) == packages, packages ^ set(setuptools["packages"])
+    shipped = {  # setuptools' package-data patterns are globs from the package's folder
+        p.relative_to(RESOURCES)
+        for pattern in setuptools["package-data"]["app.resources"]
+        for p in RESOURCES.glob(pattern)
+    }
+    assert files and files <= shipped, files - shipped
