@@ -19,7 +19,7 @@ LLAMA_BUILD := packaging/llama_build.py
 MLX_VLM := mlx-vlm==0.7.10
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: run test lint install clean package package-test llama-tools
+.PHONY: run test test-engine test-window lint install clean package package-test llama-tools
 
 $(STAMP): pyproject.toml $(LLAMA_BUILD) Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -45,14 +45,27 @@ lint: $(STAMP)
 
 # The window's tests run in a pytest process of their own: after the engine tests (hundreds of
 # in-process llama.cpp loads) Qt's event loop died by SIGSEGV in a window test, on CI and here,
-# never with the window's tests alone (185 of them, 9 minutes on 2 cores). A run that crashes
-# ends with the test it was in and that thread's frames (tests/crash_log.py).
+# never with the window's tests alone. The engine tests run on two pytest-xdist workers, a
+# test file to each (module fixtures stay shared): most of them wait on an engine child, a
+# server or a subprocess, so two use the 2-core machine where one left a core idle. A run that
+# crashes ends with the test it was in and that thread's frames (tests/crash_log.py). Each
+# part's seconds go to build/test-phases.tsv for .ci/run's table.
 CRASH_LOG := build/test-crash.log
-test: $(STAMP) lint llama-tools
-	STOKE_TEST_CRASH_LOG=$(CRASH_LOG) $(PY) -m pytest -q --ignore=tests/gui $(PYTEST_ARGS) \
-		|| { rc=$$?; $(PY) -m tests.crash_log $(CRASH_LOG); exit $$rc; }
-	STOKE_TEST_CRASH_LOG=$(CRASH_LOG) $(PY) -m pytest -q tests/gui $(PYTEST_ARGS) \
-		|| { rc=$$?; $(PY) -m tests.crash_log $(CRASH_LOG); exit $$rc; }
+PHASES := build/test-phases.tsv
+TEST_WORKERS ?= 2
+PYTEST := STOKE_TEST_CRASH_LOG=$(CRASH_LOG) $(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
+timed = start=$$(date +%s); $(2) || { rc=$$?; $(PY) -m tests.crash_log $(CRASH_LOG); }; \
+	echo "$(1)	$$(( $$(date +%s) - start ))	$${rc:-0}" >> $(PHASES); exit $${rc:-0}
+
+test: test-engine test-window
+
+test-engine: $(STAMP) lint llama-tools
+	@mkdir -p build && rm -f $(PHASES)
+	@$(call timed,tests,$(PYTEST) --ignore=tests/gui -n $(TEST_WORKERS) --dist loadfile)
+
+test-window: $(STAMP)
+	@mkdir -p build
+	@$(call timed,window tests,$(PYTEST) tests/gui)
 
 $(PACKAGING_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,packaging]'

@@ -2,9 +2,10 @@
 Qt), the test that was running and the crashing thread's frames, printed last.
 
 With STOKE_TEST_CRASH_LOG set, faulthandler writes its tracebacks to that file, after a line
-naming the running test, instead of to stderr. `make test` runs `python -m tests.crash_log FILE`
-when pytest fails, so a log's tail (all a CI page may show) ends with the crash's own frames,
-not pytest's outer ones. tests/conftest.py registers the hooks.
+naming the running test, instead of to stderr; each pytest-xdist worker to its own
+(`FILE.gw0`, ...). `make test` runs `python -m tests.crash_log FILE` when pytest fails, so a
+log's tail (all a CI page may show) ends with the crash's own frames, not pytest's outer ones.
+tests/conftest.py registers the hooks.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def pytest_configure(config: pytest.Config) -> None:
     path = os.environ.get("STOKE_TEST_CRASH_LOG")
     if not path:
         return
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    path = f"{path}.{worker}" if worker else path
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     # Open for the whole run; appending puts a dump after the running test's line.
     _log = open(path, "a", encoding="utf-8")  # noqa: SIM115
@@ -71,9 +74,10 @@ def _pytests(frame: str) -> bool:
 
 def main(argv: list[str]) -> int:
     path = Path(argv[1])
-    if path.exists():
-        for line in report(path.read_text(encoding="utf-8", errors="replace")):
-            print(line)
+    for log in [path, *sorted(path.parent.glob(f"{path.name}.gw*"))]:
+        if log.exists():
+            for line in report(log.read_text(encoding="utf-8", errors="replace")):
+                print(line)
     return 0
 
 
