@@ -3,7 +3,8 @@
 vLLM and SGLang cannot run on this machine (no CUDA), so this server is scripted: a real HTTP
 server on loopback whose every field follows vLLM's OpenAI server as its sources define it
 (`vllm/entrypoints/openai/completion/protocol.py` and `serving.py`, read late 2026), started
-as the README says (`vllm serve ... --enable-prefix-caching --enable-prompt-tokens-details`):
+as docs/remote-engines.md says (`vllm serve ... --enable-prefix-caching
+--enable-prompt-tokens-details`):
 
 - `/v1/models` is a ModelList (`object: list`, cards with `owned_by: vllm`, `max_model_len`);
   there is no `/props` or `/tokenize` (FastAPI's 404 `{"detail": "Not Found"}`);

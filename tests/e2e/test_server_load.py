@@ -1,5 +1,5 @@
 """Eight concurrent clients on `stoke serve` for a while (STOKE_LOAD_SECONDS; 6 s here, 60 s
-for the README's numbers): every request answered, none mixed up with another client's, and
+for docs/api.md's numbers): every request answered, none mixed up with another client's, and
 latency percentiles printed (and written as JSON to STOKE_LOAD_JSON when set).
 
 Each client holds its own conversation (stateless, full history every turn; a new one every

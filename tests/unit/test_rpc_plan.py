@@ -48,7 +48,7 @@ def test_specs_and_links_parse() -> None:
 
 
 def test_two_gpus_and_a_mac(flash: GGUFInfo) -> None:
-    """The README's two machines: the Mac takes the first layers whole (experts included),
+    """docs/planner.md's two machines: the Mac takes the first layers whole (experts included),
     the GPU box the rest and the output; one crossing each way per token."""
     gpus = [DeviceBudget("CUDA0", 24 * GIB), DeviceBudget("CUDA1", 24 * GIB)]
     mac = described("mac.local:50052=96GiB@10GbE")
