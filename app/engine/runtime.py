@@ -13,7 +13,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from app.engine.logprobs import Scores
-from app.engine.protocol import CancelToken, LoadOptions, ModelInfo, ProgressCallback
+from app.engine.protocol import CancelToken, LoadOptions, ModelInfo
 
 
 @dataclass(kw_only=True)
@@ -49,7 +49,7 @@ class Draw(Protocol[S]):
 
 class SlotRuntime(Protocol[S]):
     """A `SlotEngine` (slots.py) as speculation and the draft model drive it: the runtime's
-    hooks and the slot methods over them, private there because only they call them."""
+    hooks and the slot methods over them (private: only the engine's own parts call them)."""
 
     _n_ctx: int  # one conversation's window
     _eog: frozenset[int]  # the end-of-turn tokens
@@ -62,12 +62,7 @@ class SlotRuntime(Protocol[S]):
     def _slot(self, name: str) -> S: ...
 
     def _sync(
-        self,
-        slot: S,
-        tokens: Sequence[int],
-        cancel: CancelToken | None,
-        progress: ProgressCallback | None = None,
-        chunk: int = 0,
+        self, slot: S, tokens: Sequence[int], cancel: CancelToken | None
     ) -> tuple[int, int, int]: ...
 
     def _clear(self, slot: S, keep: int = 0) -> int: ...
