@@ -23,7 +23,8 @@ from app.cli import chat
 from app.engine.host import EngineClient, EngineState
 from app.launch import load_options_of
 from app.server import auth
-from app.server.app import ApiServer, ServerConfig
+from app.server.app import ApiServer
+from app.server.requests import ServerConfig
 from app.settings import Settings
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")

@@ -20,16 +20,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from app.engine.drafting import SPECULATION_MODES, Drafter, PromptLookup
 from app.engine.model_file import tokenizer_fingerprint
 from app.engine.protocol import EngineError, LoadOptions, ModelInfo, ModelLoadError
-
-if TYPE_CHECKING:
-    from app.engine.slots import SlotEngine
+from app.engine.runtime import SlotRuntime
 
 logger = logging.getLogger("stoke.engine.draft")
 
@@ -40,11 +38,13 @@ class DraftModel:
     name = "draft"
     free = False
 
-    def __init__(self, engine: SlotEngine) -> None:
+    def __init__(self, engine: SlotRuntime[Any]) -> None:
         self._engine = engine
 
     @classmethod
-    def load(cls, runtime: type[SlotEngine], options: LoadOptions, target: ModelInfo) -> DraftModel:
+    def load(
+        cls, runtime: type[SlotRuntime[Any]], options: LoadOptions, target: ModelInfo
+    ) -> DraftModel:
         """The draft model of `options` on `runtime`; ModelLoadError, in words, when it cannot
         load or does not share the target's tokenizer."""
         path = options.draft_model
@@ -99,7 +99,7 @@ class DraftModel:
 
 
 def drafters_for(
-    runtime: type[SlotEngine], options: LoadOptions, target: ModelInfo
+    runtime: type[SlotRuntime[Any]], options: LoadOptions, target: ModelInfo
 ) -> list[Drafter]:
     """The drafters `options.speculation` asks for, prompt lookup first (it costs nothing)."""
     mode = options.speculation

@@ -22,15 +22,14 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic
 
 import numpy as np
 
+from app.engine.draft_model import drafters_for
 from app.engine.drafting import Drafter
 from app.engine.kvstore import KVStore, common_prefix
-from app.engine.logprobs import Scores
 from app.engine.protocol import (
     CancelToken,
     ContextOverflowError,
@@ -45,40 +44,10 @@ from app.engine.protocol import (
     SamplingParams,
     TokenEvent,
 )
+from app.engine.runtime import Draw, S
 from app.engine.speculate import Decoder, Pace
 
 RESTORE_MIN_GAIN = 32  # tokens a snapshot or another sequence must add to be worth copying
-
-
-@dataclass(kw_only=True)
-class Slot:
-    """One conversation's sequence: the exact tokens its KV holds (runtimes add the handle)."""
-
-    tokens: list[int] = field(default_factory=list)
-    saved: list[int] = field(default_factory=list)  # the tokens of its last snapshot
-
-
-S = TypeVar("S", bound=Slot)
-
-
-class Draw(Protocol[S]):
-    """One reply's token source on a runtime: its sampler state, and any evaluation it runs
-    ahead of the loop (MLX overlaps the next token's forward with handing this one out)."""
-
-    def next(self, slot: S, last: bool) -> int:
-        """Sample a token from the logits after `slot.tokens`. Unless `last`, it may evaluate
-        the token at once and append it to `slot.tokens`."""
-        ...
-
-    def take_back(self, slot: S) -> None:
-        """The token `next` drew is not kept (end of turn): undo what it evaluated."""
-        ...
-
-    def scores(self) -> Scores:
-        """The last drawn token's logprob and top alternatives, when the sampling asked."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class SlotEngine(Generic[S]):
@@ -183,8 +152,6 @@ class SlotEngine(Generic[S]):
     def _open_drafters(self, options: LoadOptions, info: ModelInfo) -> None:
         """The drafters the options ask for, where this runtime can verify (speculate.py);
         `info` is the target's, which a draft model must match."""
-        from app.engine.draft_model import drafters_for
-
         self._pace = Pace()
         if self._speculates:
             self._drafters = drafters_for(type(self), options, info)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +43,7 @@ from app.engine.acceptance import accept, biased, draw, greedy_token, target_pro
 from app.engine.drafting import Drafter
 from app.engine.logprobs import NO_SCORES, Scores
 from app.engine.protocol import ContextOverflowError, SamplingParams
-
-if TYPE_CHECKING:
-    from app.engine.slots import Draw, Slot, SlotEngine
+from app.engine.runtime import Draw, Slot, SlotRuntime
 
 MAX_DRAFT = {"lookup": 24, "draft": 8}
 DECAY = 0.9  # per verify: how fast old acceptance evidence fades
@@ -162,7 +160,7 @@ class Decoder:
     """The reply's token source (see the module docstring). `_pending` is a token handed out
     but not yet in the slot's KV: the next step evaluates it, alone or before the drafts."""
 
-    engine: SlotEngine[Any]
+    engine: SlotRuntime[Any]
     draw: Draw[Any]
     sampling: SamplingParams
     name: str  # the slot's

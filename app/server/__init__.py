@@ -1,5 +1,6 @@
 """The local OpenAI-compatible API server over the app's engine host (see app.py): OpenAI
-chat/completions/responses, Anthropic messages, exact replies, the API key.
+chat/completions/responses, Anthropic messages, exact replies, the API key. Every API runs on
+one request core (requests.py); app.py imports the dialects, which are handed the core.
 
 May import: launch, session, settings, models (the key in the keychain), engine, paths.
 Never the CLI or the UI (`app.cli.serve` and Settings > API Server drive it).

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -36,12 +36,10 @@ from app.server.errors import ApiError, Shape, invalid
 from app.server.http import engine_error
 from app.server.replay import ReasoningSplitter
 from app.server.replies import Reply, finish_reason
+from app.server.requests import Job, RequestCore
 from app.server.schema import parse_chat
 from app.server.tool_replies import CallDelta, ToolStream
 from app.server.tools import ToolCall
-
-if TYPE_CHECKING:
-    from app.server.app import ApiServer, _Job
 
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _ROUTES = ("/messages", "/messages/count_tokens")
@@ -194,10 +192,10 @@ def _stop_reason(reply: Reply, calls: list[ToolCall]) -> str:
 
 
 class AnthropicApi:
-    """The routes, over one ApiServer."""
+    """The routes, over the server's request core (requests.py)."""
 
-    def __init__(self, server: ApiServer) -> None:
-        self.server = server
+    def __init__(self, core: RequestCore) -> None:
+        self.core = core
 
     def add_routes(self, app: web.Application) -> None:
         for prefix in ("/v1", ""):
@@ -205,36 +203,36 @@ class AnthropicApi:
             app.router.add_post(f"{prefix}/messages/count_tokens", self.count_tokens)
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        chat = parse_chat(to_chat_body(await self.server._body(request)))
-        job, info = await self.server.chat_job(chat)
+        chat = parse_chat(to_chat_body(await self.core.body(request)))
+        job, info = await self.core.chat_job(chat)
         respond = self._stream if chat.params.stream else self._whole
-        return await self.server._generate(request, job, info, respond)
+        return await self.core.generate(request, job, info, respond)
 
     async def count_tokens(self, request: web.Request) -> web.Response:
-        body = dict(await self.server._body(request))
+        body = dict(await self.core.body(request))
         body.setdefault("max_tokens", 1)
-        job, _ = await self.server.chat_job(parse_chat(to_chat_body(body)))
+        job, _ = await self.core.chat_job(parse_chat(to_chat_body(body)))
         return web.json_response({"input_tokens": len(job.prompt)})
 
-    def _message(self, job: _Job) -> dict[str, Any]:
+    def _message(self, job: Job) -> dict[str, Any]:
         return {
             "id": "msg_" + job.id,
             "type": "message",
             "role": "assistant",
-            "model": self.server.model_id,
+            "model": self.core.model_id,
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
         }
 
     async def _whole(
-        self, request: web.Request, job: _Job, slot: str, held: list[int]
+        self, request: web.Request, job: Job, slot: str, held: list[int]
     ) -> web.Response:
         reply = Reply(job.params.stop)
-        async with contextlib.aclosing(self.server._run(job, slot, held, reply)) as events:
+        async with contextlib.aclosing(self.core.run(job, slot, held, reply)) as events:
             async for _ in events:
                 pass
-        reasoning, content, calls = self.server._finish_reply(job, reply)
+        reasoning, content, calls = self.core.finish_reply(job, reply)
         blocks: list[dict[str, Any]] = []
         if reasoning:
             blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
@@ -251,7 +249,7 @@ class AnthropicApi:
         return web.json_response(message)
 
     async def _stream(
-        self, request: web.Request, job: _Job, slot: str, held: list[int]
+        self, request: web.Request, job: Job, slot: str, held: list[int]
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -271,7 +269,7 @@ class AnthropicApi:
             start = self._message(job)
             start["usage"] = {"input_tokens": len(job.prompt), "output_tokens": 0}
             await blocks.event("message_start", {"message": start})
-            async with contextlib.aclosing(self.server._run(job, slot, held, reply)) as events:
+            async with contextlib.aclosing(self.core.run(job, slot, held, reply)) as events:
                 async for piece, _ in events:
                     await add(*splitter.feed(piece))
             await add(*splitter.finish())
@@ -281,7 +279,7 @@ class AnthropicApi:
                 await blocks.add("", text)
                 await blocks.tool_use(deltas)
                 streamed = (content, calls)
-            _, _, calls = self.server._finish_reply(job, reply, streamed)
+            _, _, calls = self.core.finish_reply(job, reply, streamed)
             await blocks.close()
             delta = {"stop_reason": _stop_reason(reply, calls), "stop_sequence": reply.matched}
             await blocks.event(
@@ -289,10 +287,10 @@ class AnthropicApi:
             )
             await blocks.event("message_stop", {})
         except ConnectionResetError:
-            self.server._client_left(job)
+            self.core.client_left(job)
         except (ApiError, EngineError) as exc:
             error = exc if isinstance(exc, ApiError) else engine_error(exc)
-            self.server.stats.rejected += 1
+            self.core.stats.rejected += 1
             with contextlib.suppress(ConnectionResetError):
                 await blocks.event("error", error.body("anthropic"))
         return response

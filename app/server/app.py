@@ -28,9 +28,12 @@ disconnects mid-reply cancels its generation, so the engine is free for the next
 Every error is OpenAI's JSON error object in words, HTTP that does not parse included; none
 carries Python's exception text or echoes the request's bytes.
 
-Beside it: http.py (connections and errors in words), replies.py (a reply cut at its stop
-sequences, its usage), schema.py (requests), prompts.py and replay.py (exact replies),
-served.py (each finished chat reply handed to the sink given, if any: the window keeps them).
+Beside it: requests.py (the request core every API runs on: a request as a job, its
+generation, each reply's finish), http.py (connections and errors in words), replies.py (a
+reply cut at its stop sequences, its usage), schema.py (requests), prompts.py and replay.py
+(exact replies), served.py (each finished chat reply handed to the sink given, if any: the
+window keeps them). The other APIs' routes (anthropic.py, responses.py) are handed the core;
+this module imports them, never the reverse.
 
 After each reply the conversation's KV is snapshotted in the background (as the window does
 after its replies), so a `kill -9` of the server loses no API conversation's KV.
@@ -42,67 +45,40 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from app.engine.chat_template import ChatTemplate, TemplateError
-from app.engine.host import EngineClient, EngineState, Generation
-from app.engine.prewarm import Prewarmer
-from app.engine.protocol import (
-    EngineError,
-    ModelInfo,
-)
-from app.engine.remote_wire import WIRE_TEMPLATE
-from app.engine.worker import Priority
-from app.models.names import model_name
+from app.engine.host import EngineClient, EngineState
+from app.engine.protocol import EngineError, ModelInfo
 from app.server import auth
 from app.server.anthropic import AnthropicApi, error_shape
 from app.server.errors import Shape
-from app.server.grammar import constrained
 from app.server.http import (
     FAILED,
     Connection,
     engine_error,
     http_error,
-    read_body,
     write_event,
 )
 from app.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
-from app.server.prompts import ChatPrompts, passthrough_variables, with_tools
-from app.server.replay import (
-    THINK_OPEN,
-    ReasoningSplitter,
-    ReplyStore,
-    calls_key,
-    split_reasoning,
-)
+from app.server.replay import ReasoningSplitter
 from app.server.replies import Reply, finish_reason, usage
+from app.server.requests import RETRY_AFTER_S, Job, RequestCore, ServerConfig
 from app.server.responses import ResponsesApi
 from app.server.schema import (
     ApiError,
-    ChatRequest,
     CompletionRequest,
-    GenerationParams,
-    Message,
     parse_chat,
     parse_completion,
 )
-from app.server.served import ReplySink, client_of, hand_over
-from app.server.slots import SlotMap
-from app.server.tool_replies import CallDelta, ToolStream, reply_calls
-from app.server.tool_templates import FAMILIES, ToolSyntax, syntax_for
-from app.server.tools import ToolCall, Tools
+from app.server.served import ReplySink
+from app.server.tool_replies import CallDelta, ToolStream
 
 logger = logging.getLogger("stoke.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# Writes one job's reply: (request, job, slot, held tokens) -> the response
-Respond = Callable[[web.Request, Any, str, list[int]], Awaitable[web.StreamResponse]]
-RETRY_AFTER_S = 2  # what a 429 tells the client to wait
 _HEALTH = {  # engine state -> (HTTP status, /health's status word)
     EngineState.READY: (200, "ok"),
     EngineState.PREFILLING: (200, "ok"),
@@ -114,80 +90,18 @@ _HEALTH = {  # engine state -> (HTTP status, /health's status word)
 }
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    api_key: str
-    host: str = "127.0.0.1"
-    port: int = 0  # 0: any free port (ApiServer.port says which)
-    cors_origins: tuple[str, ...] = ()  # none: browsers may not call it; "*" for any
-    max_body_bytes: int = 8 << 20
-    max_in_flight: int = 16
-    max_connections: int = 64  # open at once; requests on the ones beyond get 429
-    # Seconds a connection may take to send a request's headers, from connecting or from the
-    # end of its last response: unfinished headers and idle keep-alive connections end there.
-    header_timeout_s: float = 30.0
-    body_timeout_s: float = 30.0  # to send the body once the headers are in (else 408)
-    strict_model: bool = False  # an unknown model name gets 404 instead of this server's model
-
-
-@dataclass
-class ServerStats:
-    """Counters for the settings page and the tests."""
-
-    requests: int = 0
-    completed: int = 0
-    disconnected: int = 0  # the client left mid-reply; its generation was cancelled
-    rejected: int = 0  # answered with an error
-    in_flight: int = 0
-
-
-@dataclass
-class _Job:
-    """One generation request, whichever endpoint it came from."""
-
-    kind: str  # "chat" | "completion"
-    params: GenerationParams
-    prompt: list[int]
-    reasoning_opened: bool = False
-    tools: Tools = field(default_factory=Tools)
-    syntax: ToolSyntax = FAMILIES["hermes"]
-    messages: tuple[Message, ...] = ()  # a chat's, as the model reads them (tools added)
-    client: str | None = None  # who asked: the user agent
-    endpoint: str = ""
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
-    created: int = field(default_factory=lambda: int(time.time()))
-
-
-class ApiServer:
-    """The server: start() binds and serves on the running loop, stop() ends it."""
+class ApiServer(RequestCore):
+    """The server: start() binds and serves on the running loop, stop() ends it. It is the
+    request core (requests.py) its routes and the other APIs' run on."""
 
     def __init__(
         self, engine: EngineClient, config: ServerConfig, sink: ReplySink | None = None
     ) -> None:
-        self.engine = engine
-        self.config = config
-        self.sink = sink  # told of each finished chat reply (served.py); None: nobody
-        self.replies = ReplyStore()
-        self.prompts = ChatPrompts(self.replies)
+        super().__init__(engine, config, sink)
         self.responses = ResponsesApi(self)  # keeps the conversations it can continue
-        # Slot names key the KV snapshots: a restarted server must not reuse the names of
-        # the conversations an earlier one snapshotted, or its first snapshot replaces theirs.
-        self.slots = SlotMap(prefix=f"api-{uuid.uuid4().hex[:8]}")
-        self.stats = ServerStats()
-        self.prewarm = Prewarmer(self)  # the snapshots after replies
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
-        self._opened: dict[tuple, bool] = {}  # template key -> generation prompt opens <think>
-
-    @property
-    def model_id(self) -> str:
-        """The id clients name: the model file's name (or, for a model without a local
-        file, the loaded model's)."""
-        path = self.engine.options.model_path
-        if path:
-            return model_name(path)
-        return self.engine.info.name if self.engine.info else "stoke"
 
     @property
     def url(self) -> str:
@@ -359,44 +273,14 @@ class ApiServer:
         return web.json_response(body, status=status)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        job, info = await self.chat_job(parse_chat(await self._body(request)))
-        return await self._generate(request, job, info)
-
-    async def chat_job(self, chat: ChatRequest) -> tuple[_Job, ModelInfo]:
-        """A chat request as the job to run: its prompt, grammar and tools (every chat API
-        of this server goes through here)."""
-        info = await self._ready(chat.params)
-        source = ChatTemplate(info.chat_template).source
-        syntax = syntax_for(source, info.architecture)
-        passthrough = source == WIRE_TEMPLATE  # a chat-mode remote: its server does tools
-        messages, variables = (
-            (list(chat.messages), passthrough_variables(chat))
-            if passthrough
-            else with_tools(chat.messages, chat.tools, source, syntax)
-        )
-        template = ChatTemplate(
-            info.chat_template,
-            bos_token=info.bos_token,
-            eos_token=info.eos_token,
-            variables={**chat.template_variables, **variables},
-        )
-        try:
-            prompt = self.prompts.build(
-                messages, template, info, self.engine.local_tokenizer(), syntax
-            )
-            opened = self._opens_reasoning(template)
-        except TemplateError as exc:
-            raise ApiError(400, f"The model's chat template refused these messages: {exc}") from exc
-        tokenizer = self.engine.local_tokenizer()
-        params = chat.params if passthrough else constrained(chat, syntax, tokenizer)
-        return _Job("chat", params, prompt, opened, chat.tools, syntax, tuple(messages)), info
+        job, info = await self.chat_job(parse_chat(await self.body(request)))
+        return await self.generate(request, job, info, self._respond)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        completion = parse_completion(await self._body(request))
+        completion = parse_completion(await self.body(request))
         info = await self._ready(completion.params)
-        return await self._generate(
-            request, _Job("completion", completion.params, self._raw_prompt(completion, info)), info
-        )
+        job = Job("completion", completion.params, self._raw_prompt(completion, info))
+        return await self.generate(request, job, info, self._respond)
 
     # -- building prompts --------------------------------------------------------------------
 
@@ -415,104 +299,22 @@ class ApiServer:
         bos = [info.bos_id] if info.add_bos and info.bos_id is not None else []
         return bos + tokens
 
-    def _opens_reasoning(self, template: ChatTemplate) -> bool:
-        """Whether the template's generation prompt ends inside `<think>` (the reply then
-        starts with reasoning and only closes the tag)."""
-        if template.key not in self._opened:
-            probe = template.render([{"role": "user", "content": "x"}], add_generation_prompt=True)
-            self._opened[template.key] = probe.rstrip().endswith(THINK_OPEN)
-        return self._opened[template.key]
-
     # -- generation --------------------------------------------------------------------------
 
-    async def _generate(
-        self, request: web.Request, job: _Job, info: ModelInfo, respond: Respond | None = None
+    async def _respond(
+        self, request: web.Request, job: Job, slot: str, held: list[int]
     ) -> web.StreamResponse:
-        """Run the job on its conversation's slot; `respond` writes the reply in another
-        API's shape (Anthropic's), else OpenAI's, streamed or whole."""
-        if len(job.prompt) >= info.n_ctx:
-            raise ApiError(
-                400,
-                f"The prompt is {len(job.prompt):,} tokens but the model's context holds "
-                f"{info.n_ctx:,} (prompt and reply together). Leave out the oldest messages, "
-                "or load the model with a larger context.",
-                param="messages" if job.kind == "chat" else "prompt",
-                code="context_length_exceeded",
-            )
-        bad = [t for t, _ in job.params.sampling.logit_bias if t >= info.n_vocab]
-        if bad:
-            raise ApiError(
-                400,
-                f"`logit_bias` names token ids outside the vocabulary (0 to {info.n_vocab - 1}): "
-                f"{bad[:5]}.",
-                param="logit_bias",
-            )
-        if self.stats.in_flight >= self.config.max_in_flight:
-            raise ApiError(
-                429,
-                f"The server is busy with {self.stats.in_flight} requests; try again shortly.",
-                kind="rate_limit_error",
-                code="too_many_requests",
-                retry_after=RETRY_AFTER_S,
-            )
-        self.stats.requests += 1
-        self.stats.in_flight += 1
-        job.client, job.endpoint = client_of(request.headers.get("User-Agent")), request.path
-        slot = self.slots.acquire(job.prompt)
-        held = list(job.prompt)  # what the slot holds when this request ends
-        try:
-            if respond is not None:
-                return await respond(request, job, slot, held)
-            if job.params.stream:
-                return await self._stream(request, job, slot, held)
-            return await self._whole(job, slot, held)
-        except asyncio.CancelledError:  # the client disconnected (aiohttp cancels the handler)
-            self._client_left(job)
-            raise
-        finally:
-            self.stats.in_flight -= 1
-            self.slots.release(slot, held)
-            self.prewarm.after_reply(slot)  # on disk soon: a crash keeps this KV
+        """The reply in OpenAI's shape, streamed or whole."""
+        if job.params.stream:
+            return await self._stream(request, job, slot, held)
+        return await self._whole(job, slot, held)
 
-    async def _run(
-        self, job: _Job, slot: str, held: list[int], reply: Reply
-    ) -> AsyncIterator[tuple[str, list[int]]]:
-        """Drive the engine: yields (text now safe to send, ids sampled since the last
-        yield); afterwards `reply` holds the whole reply and its stats. Closing it early (a
-        disconnect) cancels the generation, so the engine is free at once."""
-        if job.params.max_tokens == 0:
-            reply.stats = await self.engine.prefill(job.prompt, slot=slot, priority=Priority.USER)
-            return
-        room = self.engine.info.n_ctx - len(job.prompt)
-        limit = job.params.max_tokens
-        generation: Generation = await self.engine.generate(
-            job.prompt,
-            job.params.sampling,
-            room if limit is None else min(limit, room),
-            slot=slot,
-            priority=Priority.USER,
-        )
-        try:
-            async for event in generation:
-                if reply.stopped:
-                    continue  # cancelled at a stop sequence; the engine is winding down
-                piece = reply.add(event.token_id, event.text, event.logprob, event.top)
-                if reply.stopped:
-                    generation.cancel()
-                yield piece, [event.token_id]
-            yield reply.finish(), []
-            reply.stats = generation.stats
-        finally:
-            if generation.stats is None:
-                generation.cancel()
-            held.extend(reply.kept_tokens())
-
-    async def _whole(self, job: _Job, slot: str, held: list[int]) -> web.Response:
+    async def _whole(self, job: Job, slot: str, held: list[int]) -> web.Response:
         reply = Reply(job.params.stop)
-        async with contextlib.aclosing(self._run(job, slot, held, reply)) as events:
+        async with contextlib.aclosing(self.run(job, slot, held, reply)) as events:
             async for _ in events:
                 pass
-        reasoning, content, calls = self._finish_reply(job, reply)
+        reasoning, content, calls = self.finish_reply(job, reply)
         choice: dict[str, Any] = {"index": 0}
         if job.kind == "chat":
             message: dict[str, Any] = {
@@ -538,7 +340,7 @@ class ApiServer:
         return web.json_response(body)
 
     async def _stream(
-        self, request: web.Request, job: _Job, slot: str, held: list[int]
+        self, request: web.Request, job: Job, slot: str, held: list[int]
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={
@@ -589,7 +391,7 @@ class ApiServer:
 
         try:
             await send(first=True)
-            async with contextlib.aclosing(self._run(job, slot, held, reply)) as events:
+            async with contextlib.aclosing(self.run(job, slot, held, reply)) as events:
                 async for piece, ids in events:
                     reasoning, text = splitter.feed(piece) if splitter else ("", piece)
                     text = calls_text.feed(text) if calls_text else text
@@ -608,7 +410,7 @@ class ApiServer:
                 streamed = (content, calls)
                 if text or deltas:
                     await send(text, calls=deltas)
-            _, _, calls = self._finish_reply(job, reply, streamed)
+            _, _, calls = self.finish_reply(job, reply, streamed)
             await send(finish="tool_calls" if calls else finish_reason(reply))
             if job.params.include_usage:
                 body = self._envelope(job, chunk=True)
@@ -617,7 +419,7 @@ class ApiServer:
                 await write_event(response, body)
             await response.write(b"data: [DONE]\n\n")
         except ConnectionResetError:
-            self._client_left(job)
+            self.client_left(job)
         except (ApiError, EngineError) as exc:  # headers are sent: the error goes in the stream
             error = exc if isinstance(exc, ApiError) else engine_error(exc)
             self.stats.rejected += 1
@@ -628,26 +430,7 @@ class ApiServer:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
-        return await read_body(request, self.config.max_body_bytes, self.config.body_timeout_s)
-
-    async def _ready(self, params: GenerationParams) -> ModelInfo:
-        """The loaded model's info. With one model loaded, any model name is served by it
-        (as llama-server and LM Studio do), unless the server is strict about names."""
-        if params.model != self.model_id and self.config.strict_model:
-            raise self._unknown_model(params.model)
-        return await self.engine.ready()
-
-    def _unknown_model(self, name: str) -> ApiError:
-        return ApiError(
-            404,
-            f"The model {name[:100]!r} does not exist here; this server has {self.model_id!r} "
-            "(see /v1/models).",
-            param="model",
-            code="model_not_found",
-        )
-
-    def _envelope(self, job: _Job, *, chunk: bool) -> dict[str, Any]:
+    def _envelope(self, job: Job, *, chunk: bool) -> dict[str, Any]:
         if job.kind == "chat":
             obj, prefix = ("chat.completion.chunk" if chunk else "chat.completion"), "chatcmpl-"
         else:
@@ -659,50 +442,10 @@ class ApiServer:
             "model": self.model_id,
         }
 
-    def _finish_reply(
-        self, job: _Job, reply: Reply, streamed: tuple[str, list[ToolCall]] | None = None
-    ) -> tuple[str, str, list[ToolCall]]:
-        """Count and log a finished reply, hand a chat reply to the sink, and keep its exact
-        ids under the text (or the tool calls) the client saw: `streamed` (content, calls)
-        as a ToolStream sent them, else as the whole reply parses; returns its (reasoning,
-        content, calls)."""
-        self.stats.completed += 1
-        stats = reply.stats
-        if stats is not None:
-            logger.info(
-                "%s %s: prompt %d (cached %d), generated %d, ttft %.3f s",
-                job.kind,
-                job.id,
-                stats.prompt_tokens,
-                stats.reused_tokens,
-                len(reply.tokens),
-                stats.ttft_s,
-            )
-        if job.kind != "chat":
-            return "", reply.text, []
-        reasoning, content = split_reasoning(reply.text, opened=job.reasoning_opened)
-        content, calls = streamed or reply_calls(job.tools, job.syntax, content)
-        hand_over(self, job, reply, (reasoning, content, calls))  # before its ids are filed
-        exact = reply.exact_tokens()
-        if exact is not None and job.params.max_tokens != 0:
-            self.replies.put(
-                reply.text,
-                exact,
-                self.engine.info.fingerprint,
-                reasoning=reasoning,
-                content=content,
-                calls=calls_key(content, [c.canonical() for c in calls]) if calls else None,
-            )
-        return reasoning, content, calls
-
-    def _logprobs(self, job: _Job, reply: Reply, start: int) -> dict[str, Any] | None:
+    def _logprobs(self, job: Job, reply: Reply, start: int) -> dict[str, Any] | None:
         """The logprobs of the reply's tokens from `start` on, when the request asked."""
         if job.params.sampling.logprobs is None:
             return None
         texts = TokenTexts(self.engine.local_tokenizer())
         shape = chat_logprobs if job.kind == "chat" else completion_logprobs
         return shape(reply.tokens[start:], reply.scores[start:], texts)
-
-    def _client_left(self, job: _Job) -> None:
-        self.stats.disconnected += 1
-        logger.info("%s %s: the client left; its generation was cancelled", job.kind, job.id)

@@ -9,7 +9,8 @@ from dataclasses import replace
 from app.engine.host import EngineClient
 from app.engine.protocol import EngineError
 from app.server import auth
-from app.server.app import ApiServer, ServerConfig
+from app.server.app import ApiServer
+from app.server.requests import ServerConfig
 from app.server.served import ReplySink
 from app.settings import Settings
 

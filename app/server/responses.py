@@ -18,7 +18,7 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -27,12 +27,10 @@ from app.server.errors import ApiError, invalid
 from app.server.http import engine_error
 from app.server.replay import ReasoningSplitter
 from app.server.replies import Reply, finish_reason, usage
+from app.server.requests import Job, RequestCore
 from app.server.schema import parse_chat
 from app.server.tool_replies import ToolStream
 from app.server.tools import ToolCall
-
-if TYPE_CHECKING:
-    from app.server.app import ApiServer, _Job
 
 MAX_STORED = 1024  # conversations previous_response_id can continue
 
@@ -105,10 +103,11 @@ def _choice(raw: Any) -> Any:
 
 
 class ResponsesApi:
-    """The route, over one ApiServer, and the conversations it can continue."""
+    """The route, over the server's request core (requests.py), and the conversations it
+    can continue."""
 
-    def __init__(self, server: ApiServer) -> None:
-        self.server = server
+    def __init__(self, core: RequestCore) -> None:
+        self.core = core
         self._stored: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
 
     def add_routes(self, app: web.Application) -> None:
@@ -116,7 +115,7 @@ class ResponsesApi:
             app.router.add_post(f"{prefix}/responses", self.create)
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        body = await self.server._body(request)
+        body = await self.core.body(request)
         history: list[dict[str, Any]] = []
         previous = body.get("previous_response_id")
         if previous is not None:
@@ -149,15 +148,15 @@ class ResponsesApi:
         if body.get("tool_choice") is not None:
             chat_body["tool_choice"] = _choice(body["tool_choice"])
         chat = parse_chat(chat_body)
-        job, info = await self.server.chat_job(chat)
+        job, info = await self.core.chat_job(chat)
 
-        async def respond(request: web.Request, job: _Job, slot: str, held: list[int]):
+        async def respond(request: web.Request, job: Job, slot: str, held: list[int]):
             writer = _Writer(self, job, previous, conversation)
             if chat.params.stream:
                 return await writer.stream(request, slot, held)
             return await writer.whole(slot, held)
 
-        return await self.server._generate(request, job, info, respond)
+        return await self.core.generate(request, job, info, respond)
 
     def store(self, response_id: str, messages: list[dict[str, Any]]) -> None:
         self._stored[response_id] = messages
@@ -169,7 +168,7 @@ class _Writer:
     """One response: its output items, whole or as Responses stream events."""
 
     def __init__(
-        self, api: ResponsesApi, job: _Job, previous: str | None, conversation: list
+        self, api: ResponsesApi, job: Job, previous: str | None, conversation: list
     ) -> None:
         self.api, self.job, self.previous, self.conversation = api, job, previous, conversation
         self.id = "resp_" + job.id
@@ -181,7 +180,7 @@ class _Writer:
             "object": "response",
             "created_at": int(time.time()),
             "status": status,
-            "model": self.api.server.model_id,
+            "model": self.api.core.model_id,
             "output": output,
             "previous_response_id": self.previous,
             "parallel_tool_calls": self.job.tools.parallel,
@@ -203,7 +202,7 @@ class _Writer:
 
     def finish(self, reply: Reply) -> tuple[list[dict[str, Any]], list[ToolCall]]:
         """The output items; the conversation is stored to be continued."""
-        _, content, calls = self.api.server._finish_reply(self.job, reply)
+        _, content, calls = self.api.core.finish_reply(self.job, reply)
         output: list[dict[str, Any]] = []
         if content or not calls:
             output.append(_message_item(self.job.id, content))
@@ -216,7 +215,7 @@ class _Writer:
 
     async def whole(self, slot: str, held: list[int]) -> web.Response:
         reply = Reply(self.job.params.stop)
-        async with contextlib.aclosing(self.api.server._run(self.job, slot, held, reply)) as run:
+        async with contextlib.aclosing(self.api.core.run(self.job, slot, held, reply)) as run:
             async for _ in run:
                 pass
         output, _ = self.finish(reply)
@@ -273,7 +272,7 @@ class _Writer:
             created = self.envelope("in_progress", [], None)
             await self.event(response, "response.created", {"response": created})
             await self.event(response, "response.in_progress", {"response": created})
-            async with contextlib.aclosing(self.api.server._run(job, slot, held, reply)) as run:
+            async with contextlib.aclosing(self.api.core.run(job, slot, held, reply)) as run:
                 async for piece, _ in run:
                     _, text = splitter.feed(piece)
                     await send_text(calls_text.feed(text) if calls_text else text)
@@ -317,7 +316,7 @@ class _Writer:
             done = self.envelope(_status(reply), output, reply)
             await self.event(response, "response.completed", {"response": done})
         except ConnectionResetError:
-            self.api.server._client_left(job)
+            self.api.core.client_left(job)
         except (ApiError, EngineError) as exc:
             error = exc if isinstance(exc, ApiError) else engine_error(exc)
             with contextlib.suppress(ConnectionResetError):

@@ -1,31 +1,26 @@
 """The reply hook: each finished chat reply, on every chat API of this server, handed to a
 sink, so something beside the server (the window's store) can keep it.
 
-One record per reply, made where every endpoint finishes a reply (ApiServer._finish_reply:
-/v1/chat/completions, /v1/messages and /v1/responses, streamed or not): the request's
-messages as the model read them (the system prompt with the tool block this server added,
-user, assistant with its calls and, where this server made it, its exact ids; tool results),
-the reply's text, calls and exact sampled ids, the prompt's ids, the model and who asked.
-The server knows nothing of storage: it calls `ReplySink.served`, and `stoke serve` alone
-passes no sink. A sink's failure never reaches the client; it is logged.
+One record per reply (`ServedReply`), made where every endpoint finishes a reply
+(requests.py's `RequestCore.finish_reply`: /v1/chat/completions, /v1/messages and
+/v1/responses, streamed or not): the request's messages as the model read them (the system
+prompt with the tool block this server added, user, assistant with its calls and, where this
+server made it, its exact ids; tool results), the reply's text, calls and exact sampled ids,
+the prompt's ids, the model and who asked. The server knows nothing of storage: it calls
+`ReplySink.served`, and `stoke serve` alone passes no sink. A sink's failure never reaches the
+client; it is logged.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from app.server.replay import ReplyStore, calls_key
-from app.server.replies import Reply, finish_reason
 from app.server.schema import Message
 from app.server.tools import ToolCall
 
-if TYPE_CHECKING:
-    from app.server.app import ApiServer, _Job
-
-logger = logging.getLogger("stoke.server")
 MAX_CLIENT = 200  # characters of a user agent kept
 
 
@@ -63,45 +58,6 @@ class ReplySink(Protocol):
     def served(self, reply: ServedReply) -> None:
         """Take a finished reply; may be called on the server's loop, must not block it."""
         ...
-
-
-def hand_over(
-    server: ApiServer,
-    job: _Job,
-    reply: Reply,
-    split: tuple[str, str, list[ToolCall]],
-) -> None:
-    """Give a finished chat reply, (reasoning, content, calls) as the client got them, to the
-    server's sink, if it has one; a record it cannot take or a sink that fails is logged,
-    and the client has its reply either way."""
-    if server.sink is None or job.kind != "chat" or job.params.max_tokens == 0:
-        return
-    info = server.engine.info
-    history = served_messages(job.messages, server.replies, info.fingerprint)
-    if history is None:
-        logger.info("chat %s: not kept (a system message inside the conversation)", job.id)
-        return
-    reasoning, content, calls = split
-    exact = reply.exact_tokens()
-    record = ServedReply(
-        endpoint=job.endpoint,
-        model=server.model_id,
-        model_path=server.engine.options.model_path,
-        fingerprint=info.fingerprint,
-        system=history[0],
-        messages=history[1],
-        text=shown_text(reply.text, reasoning, content, calls),
-        tool_calls=tuple(calls),
-        prompt_tokens=tuple(job.prompt),
-        reply_tokens=None if exact is None else tuple(exact),
-        finish_reason="tool_calls" if calls else finish_reason(reply),
-        stats=reply.stats.as_dict() if reply.stats else None,
-        client=job.client,
-    )
-    try:
-        server.sink.served(record)
-    except Exception:  # the reply is the client's whatever the sink does; the log says why
-        logger.exception("chat %s: served, but the reply sink failed to take it", job.id)
 
 
 def served_messages(

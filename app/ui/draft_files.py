@@ -4,13 +4,15 @@ Owns the bar above the composer (app/ui/attachments.py) for the main window: a f
 on the window or chosen with the paperclip is read off the UI thread and prefilled at once
 (Prewarmer.attached), so its tokens are in the KV before the question is typed; each
 conversation keeps its own draft files; the context meter shows the prewarm's count. A
-`.gguf` dropped on the window goes to the library through the Models page's import.
+`.gguf` dropped on the window goes to the library through the Models page's import. The
+window hands itself as a `DraftWindow`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
@@ -18,7 +20,11 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from app.ui.attachments import AttachmentBar
 
 if TYPE_CHECKING:
-    from app.ui.main_window import MainWindow
+    from app.engine.prewarm import Prewarmer
+    from app.session import ChatSession
+    from app.ui.banner import Banner
+    from app.ui.composer import Composer
+    from app.ui.models import ModelsDialog
 
 MODEL_SUFFIX = ".gguf"
 
@@ -32,10 +38,32 @@ def dropped_paths(event: QDropEvent | QDragEnterEvent) -> list[Path]:
     return [Path(url.toLocalFile()) for url in mime.urls() if url.isLocalFile()]
 
 
+class DraftWindow(Protocol):
+    """The main window as its draft files use it: the widget files are dropped on, with its
+    composer and banner, the session and its prewarming, the open conversation and the
+    Models page."""
+
+    session: ChatSession
+    prewarm: Prewarmer
+    composer: Composer
+    banner: Banner
+    conversation_id: str | None
+
+    def new_conversation(self) -> None: ...
+
+    def open_models(self) -> ModelsDialog: ...
+
+    def draft_warmed(self, task: asyncio.Task, draft: str) -> None: ...
+
+    def setAcceptDrops(self, on: bool) -> None: ...
+
+    def installEventFilter(self, watcher: QObject) -> None: ...
+
+
 class DraftFiles(QObject):
     """The draft's attachments for `window`, and where files dropped on it go."""
 
-    def __init__(self, window: MainWindow) -> None:
+    def __init__(self, window: DraftWindow) -> None:
         super().__init__(window)
         self.window = window
         self.bar = AttachmentBar(window)
@@ -95,7 +123,7 @@ class DraftFiles(QObject):
         self._pending[conversation_id] = records
         task = window.prewarm.attached(conversation_id, window.composer.text(), records)
         draft = window.composer.text()
-        task.add_done_callback(lambda done: window._draft_warmed(done, draft))
+        task.add_done_callback(lambda done: window.draft_warmed(done, draft))
 
     def _counted(self, conversation_id: str, tokens: int) -> None:
         if conversation_id == self.window.conversation_id:

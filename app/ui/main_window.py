@@ -188,18 +188,18 @@ class MainWindow(QMainWindow):
         self.sidebar.new_requested.connect(self.new_conversation)
         self.sidebar.conversation_deleted.connect(self._deleted)
         self.sidebar.conversation_renamed.connect(lambda _cid: self._refresh_title())
-        self.composer.send_requested.connect(lambda text: self._spawn(self.send_message(text)))
+        self.composer.send_requested.connect(lambda text: self.spawn(self.send_message(text)))
         self.composer.stop_requested.connect(self.stop)
         self.composer.draft_changed.connect(self._draft_changed)
         self.composer.draft_settled.connect(self._save_draft)
         self.chat.edit_requested.connect(
-            lambda mid, text: self._spawn(self._turn(self.session.edit, mid, text))
+            lambda mid, text: self.spawn(self.run_turn(self.session.edit, mid, text))
         )
         self.chat.regenerate_requested.connect(
-            lambda mid: self._spawn(self._turn(self.session.regenerate, mid))
+            lambda mid: self.spawn(self.run_turn(self.session.regenerate, mid))
         )
         self.chat.continue_requested.connect(
-            lambda mid: self._spawn(self._turn(self.session.continue_reply, mid))
+            lambda mid: self.spawn(self.run_turn(self.session.continue_reply, mid))
         )
         self.chat.branch_requested.connect(self.switch_branch)
         self.chat.copied.connect(lambda _text: self.statusBar().showMessage("Copied", 1500))
@@ -283,7 +283,7 @@ class MainWindow(QMainWindow):
 
     def switch_branch(self, message_id: str) -> None:
         """Show the branch through `message_id` (at its latest leaf) and warm it."""
-        if self.conversation_id is None or self._busy():
+        if self.conversation_id is None or self.busy():
             return
         leaf = self.store.leaf_of(message_id)
         self.store.set_current_leaf(self.conversation_id, leaf.id)
@@ -313,9 +313,9 @@ class MainWindow(QMainWindow):
         if self.conversation_id is None:
             return
         task = self.prewarm.draft_changed(self.conversation_id, text, self.draft_files.records())
-        task.add_done_callback(lambda done, draft=text: self._draft_warmed(done, draft))
+        task.add_done_callback(lambda done, draft=text: self.draft_warmed(done, draft))
 
-    def _draft_warmed(self, task: asyncio.Task, draft: str) -> None:
+    def draft_warmed(self, task: asyncio.Task, draft: str) -> None:
         stats = self.prewarm.last.get(self.conversation_id or "")
         warm = (
             not task.cancelled()
@@ -335,14 +335,16 @@ class MainWindow(QMainWindow):
         """The API server's reply was kept: list it, and show it in the open conversation
         unless a turn of the window's is being written there."""
         self.sidebar.refresh()
-        if conversation_id == self.conversation_id and not self._busy():
+        if conversation_id == self.conversation_id and not self.busy():
             self.reload()
 
-    def _busy(self) -> bool:
+    def busy(self) -> bool:
+        """Whether a turn (or a model switch) is running."""
         return self.turn is not None and not self.turn.done()
 
-    def _spawn(self, work: Awaitable[Any]) -> asyncio.Task | None:
-        if self._busy():
+    def spawn(self, work: Awaitable[Any]) -> asyncio.Task | None:
+        """Run `work` as the window's turn; None (and `work` closed) while one is running."""
+        if self.busy():
             work.close()
             return None
         self.turn = asyncio.ensure_future(work)
@@ -356,12 +358,12 @@ class MainWindow(QMainWindow):
         self.composer.set_draft("")
         self.composer.focus()  # also after a click on Send: the next message is typed here
         self._save_draft("")
-        return await self._turn(
+        return await self.run_turn(
             lambda **kw: self.session.send(conversation_id, text, attachments=files, **kw),
             drop_oldest=drop_oldest,
         )
 
-    async def _turn(
+    async def run_turn(
         self, start: Callable[..., Awaitable[TurnResult]], *args: Any, drop_oldest: bool = False
     ) -> TurnResult | None:
         """Run one turn with the window following it; errors end in the banner."""
@@ -392,7 +394,7 @@ class MainWindow(QMainWindow):
             say(
                 str(exc),
                 [
-                    ("Drop oldest turns", lambda: self._spawn(self._retry_dropping())),
+                    ("Drop oldest turns", lambda: self.spawn(self._retry_dropping())),
                     ("New conversation", self.new_conversation),
                 ],
             )
@@ -419,7 +421,7 @@ class MainWindow(QMainWindow):
     async def _retry_dropping(self) -> TurnResult | None:
         """Answer the message that did not fit, leaving out the oldest turns."""
         leaf = self.store.current_path(self.conversation_id)[-1]
-        return await self._turn(
+        return await self.run_turn(
             lambda **kw: self.session.send(
                 self.conversation_id, leaf.content, attachments=leaf.attachments, **kw
             ),
@@ -443,13 +445,13 @@ class MainWindow(QMainWindow):
     def stop(self) -> None:
         self.session.cancel()
 
-    def _regenerate_last(self) -> None:
+    def regenerate_last(self) -> None:
         if self.conversation_id is None:
             return
         path = self.store.current_path(self.conversation_id)
         replies = [m for m in path if m.role == "assistant"]
         if replies:
-            self._spawn(self._turn(self.session.regenerate, replies[-1].id))
+            self.spawn(self.run_turn(self.session.regenerate, replies[-1].id))
 
     # -- engine, theme, settings --
 
@@ -566,7 +568,7 @@ class MainWindow(QMainWindow):
 
     # -- import / export --
 
-    def _export_dialog(self, kind: str) -> None:
+    def export_dialog(self, kind: str) -> None:
         if self.conversation_id is None:
             return
         title = self.store.get_conversation(self.conversation_id).title
@@ -588,7 +590,7 @@ class MainWindow(QMainWindow):
         if self._guard(write):
             self.statusBar().showMessage(f"Exported to {path}", 3000)
 
-    def _import_dialog(self) -> None:
+    def import_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Import conversation", "", "JSON (*.json)")
         if path:
             self.import_from(Path(path))

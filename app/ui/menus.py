@@ -1,29 +1,74 @@
 """The window's menu bar: File, Edit, Chat, View, Settings, each item with its shortcut.
 
 Every action is also added to the window itself, so its shortcut works with the menu bar
-hidden (as on some desktops). The actions call the window's methods; the menus own nothing.
+hidden (as on some desktops). The actions call the window's methods (`MenuWindow`, so this
+module needs no import of the window); the menus own nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QMenu
+from PySide6.QtWidgets import QMenu, QMenuBar
 
 from app.ui import theme
 from app.ui.keyboard import GO_TO_END, GO_TO_START
 
 if TYPE_CHECKING:
-    from app.ui.main_window import MainWindow
+    from app.ui.chat_view import ChatView
+    from app.ui.panels import Panels
+    from app.ui.sidebar import Sidebar
+    from app.ui.zoom import Zoom
 
 Keys = QKeySequence | QKeySequence.StandardKey | Sequence[QKeySequence] | None
 
 
+class MenuWindow(Protocol):
+    """The main window as its menus drive it: its parts and the commands its items run."""
+
+    chat: ChatView
+    panels: Panels
+    sidebar: Sidebar
+    zoom: Zoom
+
+    def menuBar(self) -> QMenuBar: ...
+
+    def addAction(self, action: QAction) -> None: ...
+
+    def close(self) -> bool: ...
+
+    def new_conversation(self) -> None: ...
+
+    def import_dialog(self) -> None: ...
+
+    def export_dialog(self, kind: str) -> None: ...
+
+    def open_models(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+    def regenerate_last(self) -> None: ...
+
+    def toggle_settings(self) -> None: ...
+
+    def open_hardware_wizard(self) -> object: ...
+
+    def open_remote_settings(self) -> object: ...
+
+    def open_speculation_settings(self) -> object: ...
+
+    def open_api_server_settings(self) -> object: ...
+
+    def apply_theme(self, name: str) -> None: ...
+
+    def open_about(self) -> object: ...
+
+
 def add_action(
-    window: MainWindow, menu: QMenu, text: str, slot: Callable, keys: Keys = None, name: str = ""
+    window: MenuWindow, menu: QMenu, text: str, slot: Callable, keys: Keys = None, name: str = ""
 ) -> QAction:
     """An item of `menu` that runs `slot`; the first of several `keys` is the one shown."""
     act = QAction(text, window)
@@ -38,7 +83,7 @@ def add_action(
     return act
 
 
-def build_menus(window: MainWindow) -> None:
+def build_menus(window: MenuWindow) -> None:
     """The menu bar of `window`."""
     bar = window.menuBar()
 
@@ -47,9 +92,9 @@ def build_menus(window: MainWindow) -> None:
 
     file = bar.addMenu("&File")
     action(file, "New Chat", window.new_conversation, QKeySequence.StandardKey.New)
-    action(file, "Import Conversation…", window._import_dialog)
-    action(file, "Export as Markdown…", lambda: window._export_dialog("md"))
-    action(file, "Export as JSON…", lambda: window._export_dialog("json"))
+    action(file, "Import Conversation…", window.import_dialog)
+    action(file, "Export as Markdown…", lambda: window.export_dialog("md"))
+    action(file, "Export as JSON…", lambda: window.export_dialog("json"))
     file.addSeparator()
     action(file, "Models…", window.open_models, QKeySequence("Ctrl+Shift+M"))
     file.addSeparator()
@@ -58,7 +103,7 @@ def build_menus(window: MainWindow) -> None:
     action(edit, "Find Conversations", lambda: _find(window), QKeySequence.StandardKey.Find)
     chat = bar.addMenu("&Chat")
     action(chat, "Stop", window.stop, QKeySequence(Qt.Key.Key_Escape))
-    action(chat, "Regenerate Last Reply", window._regenerate_last, QKeySequence("Ctrl+R"))
+    action(chat, "Regenerate Last Reply", window.regenerate_last, QKeySequence("Ctrl+R"))
     view = bar.addMenu("&View")
     preferences = QKeySequence.keyBindings(QKeySequence.StandardKey.Preferences)
     action(
@@ -94,7 +139,7 @@ def build_menus(window: MainWindow) -> None:
     action(help_menu, "About Stoke", window.open_about, name="about")
 
 
-def _find(window: MainWindow) -> None:
+def _find(window: MenuWindow) -> None:
     """Edit > Find: into the sidebar's search, opening a folded sidebar first."""
     window.panels.set_sidebar_open(True)
     window.sidebar.focus_search()

@@ -8,7 +8,7 @@ It says which model the user chose; it never loads anything itself.
 
 `ModelSwitcher` owns the picker for the window: it scans the library and checks the hardware
 off the UI thread, follows the engine (the picker shows what is loaded, and is disabled while
-a model loads), switches models through `MainWindow.switch_model` (which keeps the
+a model loads), switches models through the window's `switch_model` (which keeps the
 conversation open and its KV snapshot for the way back), and remembers each conversation's
 model (`conversations.model`): opening a conversation whose model differs from the loaded one
 switches to it. Settings that change how the model loads (Hardware > Apply, Remote Server)
@@ -18,13 +18,21 @@ apply at once through the same reload, after the running reply.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from PySide6.QtCore import QObject, QSize, Qt, QThreadPool, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPaintEvent, QPixmap
-from PySide6.QtWidgets import QComboBox, QStyle, QStyleOptionComboBox, QStylePainter, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QStatusBar,
+    QStyle,
+    QStyleOptionComboBox,
+    QStylePainter,
+    QWidget,
+)
 
 from app.engine.host import EngineState
 from app.hardware.detect import Hardware, detect
@@ -36,7 +44,8 @@ from app.ui.models.library_tab import library_pool
 from app.ui.models.words import FIT_COLORS, FIT_TIPS, fit_level, library_error_words
 
 if TYPE_CHECKING:
-    from app.ui.main_window import MainWindow
+    from app.conversations import ConversationStore
+    from app.session import ChatSession
 
 PATH_ROLE = Qt.ItemDataRole.UserRole + 1
 NAME_ROLE = Qt.ItemDataRole.UserRole + 2
@@ -157,10 +166,28 @@ class ModelPicker(QComboBox):
             self.model_chosen.emit(path)
 
 
+class SwitcherWindow(Protocol):
+    """The main window as the switcher uses it: its session and store, the open conversation,
+    its turn (a switch runs as one, never beside a reply) and its status line."""
+
+    session: ChatSession
+    store: ConversationStore
+    conversation_id: str | None
+    turn: asyncio.Task | None
+
+    def spawn(self, work: Awaitable[Any]) -> asyncio.Task | None: ...
+
+    def busy(self) -> bool: ...
+
+    async def switch_model(self, path: str | None) -> None: ...
+
+    def statusBar(self) -> QStatusBar: ...
+
+
 class ModelSwitcher(QObject):
     """The window's picker, its background scans, and the conversation's remembered model."""
 
-    def __init__(self, window: MainWindow) -> None:
+    def __init__(self, window: SwitcherWindow) -> None:
         super().__init__(window)
         self.window = window
         self.picker = ModelPicker(window)
@@ -214,7 +241,7 @@ class ModelSwitcher(QObject):
 
     def choose(self, path: str) -> None:
         """The user picked `path`: load it, and remember it as this conversation's model."""
-        if self.window._spawn(self.switch(path)) is None:
+        if self.window.spawn(self.switch(path)) is None:
             self._say("Wait for the reply to finish, then switch models")
 
     async def switch(self, path: str) -> None:
@@ -244,9 +271,9 @@ class ModelSwitcher(QObject):
 
     async def _reload(self, what: str, path: str | None) -> None:
         window = self.window
-        while window._busy():  # a reply (or another switch) first
+        while window.busy():  # a reply (or another switch) first
             await asyncio.wait([window.turn])
-        if window._spawn(self._reloaded(what, path)) is None:
+        if window.spawn(self._reloaded(what, path)) is None:
             return
         await window.turn
 
@@ -273,10 +300,10 @@ class ModelSwitcher(QObject):
         name = model_name(wanted)
         if not Path(wanted).exists():
             self._say(f"This conversation was with {name}, no longer on disk: it goes on here")
-        elif self.window.session.engine.state != EngineState.READY or self.window._busy():
+        elif self.window.session.engine.state != EngineState.READY or self.window.busy():
             self._say(f"This conversation was with {name}: pick it above to switch back")
         else:
-            self.window._spawn(self.switch(wanted))
+            self.window.spawn(self.switch(wanted))
 
     def _say(self, text: str) -> None:
         self.window.statusBar().showMessage(text, 8000)

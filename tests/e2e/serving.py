@@ -14,7 +14,8 @@ import openai
 from app.engine.host import EngineClient
 from app.engine.protocol import LoadOptions
 from app.models.default import default_model_path
-from app.server.app import ApiServer, ServerConfig
+from app.server.app import ApiServer
+from app.server.requests import ServerConfig
 
 API_KEY = "sk-test-key"
 TOPICS = ("harbour", "glacier", "orchard", "lighthouse", "violin", "comet", "market", "forest")

@@ -60,7 +60,7 @@ def test_nothing_widens_the_window(harness: Harness) -> None:
         orig(mid, piece),
     )
     harness.type_and_send("Write a long sentence about the sea, the wind and the lighthouses.")
-    harness.wait_until(lambda: len(streamed) >= 3 or not window._busy())
+    harness.wait_until(lambda: len(streamed) >= 3 or not window.busy())
     holds(harness, window, limit)  # while streaming
     harness.turn()
     holds(harness, window, limit)

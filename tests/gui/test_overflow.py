@@ -20,7 +20,7 @@ def test_a_message_too_long_alone_offers_shorten_and_a_larger_context(harness: H
     window = harness.start(n_ctx=256)
     conversation = window.conversation_id
     window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": 4})
-    harness.act(lambda: window._spawn(window.send_message("Describe the sea at dawn. " * 60)))
+    harness.act(lambda: window.spawn(window.send_message("Describe the sea at dawn. " * 60)))
     harness.turn()
     assert window.banner.isVisible()
     assert "Your message alone is" in window.banner.text.text()
@@ -45,7 +45,7 @@ def test_a_long_history_offers_dropping_turns_and_dropping_works(harness: Harnes
     conversation = window.conversation_id
     window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": 4})
     for _ in range(5):
-        harness.act(lambda: window._spawn(window.send_message(TURN)))
+        harness.act(lambda: window.spawn(window.send_message(TURN)))
         harness.turn()
         if window.store.current_path(conversation)[-1].role == "user":
             break  # this one did not fit

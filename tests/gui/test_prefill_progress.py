@@ -41,7 +41,7 @@ def test_progress_shows_and_esc_stops_before_the_reply_started(harness: Harness)
             shown.append(tuple(int(n.replace(",", "")) for n in found.groups()))
         return bool(shown)
 
-    harness.act(lambda: window._spawn(window.send_message(LONG)))
+    harness.act(lambda: window.spawn(window.send_message(LONG)))
     harness.wait_until(watch)
     harness.act(lambda: QTest.keyClick(window, Qt.Key.Key_Escape))
     harness.turn()

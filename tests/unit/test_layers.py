@@ -1,6 +1,7 @@
 """Imports flow one way through Stoke's rooms, read from the source with `ast` (lazy imports
 inside functions count too): a room imports only rooms below it, so a change to a low room
 never needs a high one, and nothing imports the UI but the entry point and its benchmark.
+Within a room too, no module imports itself back through others.
 """
 
 from __future__ import annotations
@@ -42,8 +43,14 @@ def _room(module: str) -> str | None:
     return max(matches, key=len) if matches else None
 
 
+def _is_module(name: str) -> bool:
+    """Whether `name` is a module or package of the app, not a name defined in one."""
+    path = APP.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def _imports(path: Path) -> Iterator[tuple[int, str]]:
-    """(line, module) of every import of the app in `path`."""
+    """(line, module) of every import of the app in `path`: a package stands for its `__init__`."""
     module = _module(path)
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text("utf-8"))):
@@ -54,7 +61,11 @@ def _imports(path: Path) -> Iterator[tuple[int, str]]:
             if node.level:  # relative: from the importer's package, up level - 1
                 base = ".".join([*package[: len(package) - node.level + 1], *base.split(".")])
                 base = base.rstrip(".")
-            names = [base] + [f"{base}.{a.name}" for a in node.names if base == "app"]
+            # `from app.pkg import module` imports the module; any other name, the package
+            full = [f"{base}.{a.name}" for a in node.names]
+            names = [n for n in full if _is_module(n)]
+            if len(names) < len(full):
+                names.append(base)
         else:
             continue
         for name in names:
@@ -98,3 +109,39 @@ def test_every_room_says_what_it_owns_and_may_import() -> None:
     for init in sorted(APP.glob("*/__init__.py")):
         doc = ast.get_docstring(ast.parse(init.read_text("utf-8"))) or ""
         assert "May import" in doc, f"{init}: the docstring says what the room may import"
+
+
+def _graph() -> dict[str, set[str]]:
+    """Every module of the app and the modules it imports; a package is its `__init__`."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(APP.rglob("*.py")):
+        graph[_module(path)] = {name for _, name in _imports(path)}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as its path (first module last again), or None: a depth-first walk."""
+    done: set[str] = set()
+    for root in sorted(graph):
+        if root in done:
+            continue
+        trail = [root]
+        pending = [iter(sorted(graph[root]))]
+        while pending:
+            step = next(pending[-1], None)
+            if step is None:
+                done.add(trail.pop())
+                pending.pop()
+            elif step in trail:
+                return [*trail[trail.index(step) :], step]
+            elif step not in done:
+                trail.append(step)
+                pending.append(iter(sorted(graph[step])))
+    return None
+
+
+def test_no_import_cycles() -> None:
+    """Modules in a circle can be read, tested and changed only together; an import made lazy
+    or for type checking only hides the circle, so those count too."""
+    cycle = _cycle(_graph())
+    assert cycle is None, "an import cycle: " + " -> ".join(cycle or [])

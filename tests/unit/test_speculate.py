@@ -23,7 +23,8 @@ from app.engine.protocol import (
     SamplingParams,
     TokenEvent,
 )
-from app.engine.slots import Slot, SlotEngine
+from app.engine.runtime import Slot
+from app.engine.slots import SlotEngine
 from app.engine.speculate import Pace
 
 SEEDS = range(4000)

@@ -47,8 +47,9 @@ from app.engine.protocol import (
     ModelLoadError,
     SamplingParams,
 )
+from app.engine.runtime import Slot
 from app.engine.safe_mode import is_conservative
-from app.engine.slots import Slot, SlotEngine
+from app.engine.slots import SlotEngine
 from app.engine.speculate import MAX_DRAFT
 
 logger = logging.getLogger("stoke.engine.llamacpp")

@@ -315,7 +315,7 @@ def _agreement(a: list[int], b: list[int]) -> float:
 
 
 def _probe_model() -> Path:
-    from app.engine.llamacpp.probe import write_probe_model
+    from app.engine.llamacpp.probe_model import write_probe_model
 
     path = paths.cache_dir() / "probe-model.gguf"
     if not path.exists():

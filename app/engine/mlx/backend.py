@@ -42,7 +42,8 @@ from app.engine.logprobs import scores as logprob_scores
 from app.engine.mlx.models import LoadedModel, load_model
 from app.engine.mtp import HiddenRows, MtpDrafter
 from app.engine.protocol import EngineError, LoadOptions, ModelInfo, SamplingParams
-from app.engine.slots import Slot, SlotEngine
+from app.engine.runtime import Slot
+from app.engine.slots import SlotEngine
 
 logger = logging.getLogger("stoke.engine.mlx")
 

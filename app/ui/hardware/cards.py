@@ -1,11 +1,12 @@
 """The wizard's layout: the machine, model, settings and plan cards and the footer, built
 once. A mixin of `HardwareWizard`: it creates the widgets the wizard fills and connects the
-inputs to the wizard's re-planning; `PathLabel`, `selectable_label` and `card` are its parts.
+inputs to the wizard's re-planning, from the parts in parts.py; remote.py builds the other
+machines' card.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -33,53 +34,11 @@ from app.hardware.planner import PROFILES
 from app.settings import Settings
 from app.ui.a11y import described
 from app.ui.hardware.chart import PlanChart
+from app.ui.hardware.parts import PathLabel, selectable_label, titled_card
 from app.ui.hardware.planning import CONTEXT_STOPS, DEFAULT_CONTEXT, MAX_RESIDENT, UBATCHES
+from app.ui.hardware.remote import RemoteMachines
 from app.ui.hardware.words import ENGINE_TEXT, KV_TEXT, PROFILE_TEXT, resident_words
 from app.ui.theme import STATUS
-
-
-class PathLabel(QLabel):
-    """A path elided in the middle to fit; the whole path in the tooltip."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self._full = ""
-        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-
-    def set_path(self, path: str) -> None:
-        self._full = path
-        self.setToolTip(path)
-        self._elide()
-
-    def resizeEvent(self, event: QEvent) -> None:
-        super().resizeEvent(event)
-        self._elide()
-
-    def _elide(self) -> None:
-        metrics = self.fontMetrics()
-        self.setText(metrics.elidedText(self._full, Qt.TextElideMode.ElideMiddle, self.width()))
-
-
-def selectable_label(text: str = "", parent: QWidget | None = None, *, role: str = "") -> QLabel:
-    label = QLabel(text, parent)
-    label.setWordWrap(True)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-    if role:
-        label.setObjectName(role)
-    return label
-
-
-def titled_card(title: str, parent: QWidget) -> tuple[QFrame, QVBoxLayout]:
-    card = QFrame(parent)
-    card.setObjectName("card")
-    column = QVBoxLayout(card)
-    column.setContentsMargins(16, 14, 16, 16)
-    column.setSpacing(10)
-    heading = QLabel(title, card)
-    heading.setObjectName("card-title")
-    column.addWidget(heading)
-    return card, column
 
 
 class WizardCards:
@@ -188,8 +147,6 @@ class WizardCards:
         return card
 
     def _build_remote(self, parent: QWidget) -> QFrame:
-        from app.ui.hardware.remote import RemoteMachines  # it builds on this module's cards
-
         self.remote = RemoteMachines(parent, Settings.load().rpc_servers, self._request_plan)
         return self.remote.card
 

@@ -18,7 +18,7 @@ from app.hardware.placement import DeviceBudget
 from app.hardware.rpc import budgets, parse_specs
 from app.ui.a11y import described
 from app.ui.background import Background
-from app.ui.hardware.cards import selectable_label, titled_card
+from app.ui.hardware.parts import selectable_label, titled_card
 from app.units import gib
 
 

@@ -93,7 +93,12 @@ class ModelsDialog(LibraryTab, DownloadsTab, CatalogTab, QDialog):
         self.tabs.addTab(self.library_tab, "Library")
         self.tabs.addTab(self.downloads_tab, "Downloads")
         self.tabs.addTab(self.catalog_tab, "Catalog")
-        self.search_tab = HubSearch(self)
+        self.search_tab = HubSearch(
+            self,
+            self._tasks,
+            lambda: self.hardware,
+            lambda repo, key: self.start_download(repo, quant=key, title=f"{repo} · {key}"),
+        )
         self.tabs.addTab(self.search_tab, "Search")
         self.tabs.setTabToolTip(3, "Find GGUF and MLX models on Hugging Face")
         self.tabs.setTabToolTip(0, "The models on this computer")

@@ -10,7 +10,7 @@ in the library like any other. Hub calls run off the UI thread.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from PySide6.QtCore import QThreadPool
 from PySide6.QtGui import QColor
@@ -26,14 +26,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.hardware.detect import Hardware
 from app.models.catalog import size_verdict
 from app.models.hub import FileGroup, HubModel, RepoListing, list_repo, search_models
 from app.ui.a11y import described
+from app.ui.background import Background
 from app.ui.models.words import FIT_COLORS, FIT_TIPS, fit_level
 from app.units import decimal_bytes
-
-if TYPE_CHECKING:
-    from app.ui.models.dialog import ModelsDialog
 
 COLUMNS = ("Model", "Format", "Size", "Fit on this machine", "")
 READING = "Reading the files…"
@@ -41,11 +40,21 @@ HINT = "Search the Hugging Face hub for GGUF and MLX models, most downloaded fir
 
 
 class HubSearch(QWidget):
-    """The Search tab's page (see the module's docstring)."""
+    """The Search tab's page (see the module's docstring). The Models page hands it what it
+    shares: `tasks` for the hub calls, `hardware` (this machine, None until the page has looked)
+    and `download(repo, key)`, which starts one on its Downloads tab."""
 
-    def __init__(self, dialog: ModelsDialog) -> None:
-        super().__init__(dialog)
-        self.dialog = dialog
+    def __init__(
+        self,
+        parent: QWidget,
+        tasks: Background,
+        hardware: Callable[[], Hardware | None],
+        download: Callable[[str, str], object],
+    ) -> None:
+        super().__init__(parent)
+        self._tasks = tasks
+        self._hardware = hardware
+        self._download = download
         self.results: list[HubModel] = []
         self.listings: dict[str, RepoListing] = {}
         column = QVBoxLayout(self)
@@ -89,7 +98,7 @@ class HubSearch(QWidget):
             return
         self.search_button.setEnabled(False)
         self.status.setText(f"Searching for “{words}”…")
-        self.dialog._run(
+        self._tasks.run(
             QThreadPool.globalInstance(),
             lambda: search_models(words),
             lambda found: self._found(words, found),
@@ -134,7 +143,7 @@ class HubSearch(QWidget):
             return
         repo = item.text(0)
         item.addChild(QTreeWidgetItem([READING]))
-        self.dialog._run(
+        self._tasks.run(
             QThreadPool.globalInstance(),
             lambda: list_repo(repo),
             self._listed,
@@ -161,7 +170,7 @@ class HubSearch(QWidget):
             [group.key, " · ".join(p for p in (kind, files) if p), decimal_bytes(group.size)]
         )
         child.setToolTip(0, "\n".join(f.name for f in group.files))
-        hardware = self.dialog.hardware
+        hardware = self._hardware()
         if hardware is not None:
             verdict = size_verdict(group.size, False, hardware)
             child.setText(3, verdict)
@@ -189,4 +198,4 @@ class HubSearch(QWidget):
 
     def download(self, repo: str, key: str) -> None:
         """Download one quantization (or the MLX model) through the Downloads tab."""
-        self.dialog.start_download(repo, quant=key, title=f"{repo} · {key}")
+        self._download(repo, key)
