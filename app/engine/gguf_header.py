@@ -78,7 +78,8 @@ class GGUFHeader:
         if self.version not in VERSIONS:
             raise HeaderError(f"GGUF version {self.version}")
         self._entries: list[Entry] = []
-        self._end: int | None = None
+        self._tensors: list[TensorEntry] | None = None
+        self._end = 0
 
     def entries(self) -> Iterator[Entry]:
         """Every metadata entry in file order, walked once and remembered."""
@@ -107,6 +108,9 @@ class GGUFHeader:
         return {e.key: v for e in self.entries() if (v := self.value(e, max_items)) is not None}
 
     def tensors(self) -> list[TensorEntry]:
+        """The tensor infos, which follow the metadata; walked once and remembered."""
+        if self._tensors is not None:
+            return self._tensors
         at = max((e.end for e in self.entries()), default=24)
         tensors = []
         for _ in range(self.n_tensors):
@@ -118,15 +122,13 @@ class GGUFHeader:
             ggml_type, offset = self._unpack("<IQ", at + 4 + 8 * n_dims)
             at += 4 + 8 * n_dims + 12
             tensors.append(TensorEntry(name, tuple(dims), ggml_type, offset))
-        self._end = at
+        self._tensors, self._end = tensors, at
         return tensors
 
     @property
     def end(self) -> int:
         """The first byte after the tensor infos."""
-        if self._end is None:
-            self.tensors()
-        assert self._end is not None
+        self.tensors()
         return self._end
 
     @property
