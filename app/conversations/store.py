@@ -79,10 +79,11 @@ class ConversationStore:
                         f"changes may be missing; a copy of the log was kept at {wal_copy}."
                     )
             try:
-                conn = database.connect(path, busy_timeout)
+                conn, rebuilt = database.connect(path, busy_timeout)
+                notices += [rebuilt] if rebuilt else []
             except CorruptDatabaseError:
                 recovered_from = database.move_aside(path)
-                conn = database.connect(path, busy_timeout)
+                conn, _nothing_to_rebuild = database.connect(path, busy_timeout)
                 notices.append(database.salvaged(path, recovered_from, conn))
         except BaseException:
             if lease is not None:
