@@ -44,7 +44,7 @@ class _Row(NamedTuple):
     conversation_id: str
     parent_id: str | None
     role: str
-    created_at: float
+    created_at: object  # a float, unless damage read through SQL made it something else
 
 
 def mend(conn: sqlite3.Connection) -> int:
@@ -127,7 +127,7 @@ def _parent_for(
         parent,
         lost,
         LOST_MESSAGE if lost == "user" else "",
-        row.created_at - 0.001,  # older than the message it stands before
+        _time(row.created_at) - 0.001,  # older than the message it stands before
         status="complete" if lost == "user" else "interrupted",
         finish_reason=None if lost == "user" else "lost",
     )
@@ -161,3 +161,8 @@ def _plausible(blob: object, content: object) -> bool:
     if not ids:
         return not content
     return max(ids) < _TOKEN_LIMIT
+
+
+def _time(value: object) -> float:
+    """A timestamp as stored; 0 for one damage made into something else."""
+    return float(value) if isinstance(value, int | float) else 0.0

@@ -13,6 +13,7 @@ before forest.py closes the holes the lost rows left.
 from __future__ import annotations
 
 import mmap
+import os
 import shutil
 import sqlite3
 import struct
@@ -173,18 +174,18 @@ def _copy_through_sql(damaged: Path, conn: sqlite3.Connection) -> bool:
 def _copy_from_pages(damaged: Path, conn: sqlite3.Connection) -> None:
     """Add the rows the file's pages (and its log's committed pages) hold that are not in
     `conn` yet."""
+    tables = shapes.shapes(conn)
+    found: dict[str, list[pages.Record]] = {shape.table: [] for shape in tables}
     try:
-        with (
-            damaged.open("rb") as file,
-            mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data,
-        ):
-            tables = shapes.shapes(conn)
-            found: dict[str, list[pages.Record]] = {shape.table: [] for shape in tables}
-            for record in pages.records(data, committed_pages(damaged)):
-                shape = next((shape for shape in tables if shape.fits(record)), None)
-                if shape is not None:
-                    found[shape.table].append(record)
-    except (OSError, ValueError):  # unreadable, or empty (nothing to map)
+        with damaged.open("rb") as file:
+            if os.fstat(file.fileno()).st_size == 0:
+                return
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                for record in pages.records(data, committed_pages(damaged)):
+                    shape = next((shape for shape in tables if shape.fits(record)), None)
+                    if shape is not None:
+                        found[shape.table].append(record)
+    except OSError:
         return
     for shape in tables:
         for row in shape.rows(found[shape.table]):

@@ -65,7 +65,7 @@ def test_an_index_that_lost_a_row_is_rebuilt_on_open(tmp_path: Path) -> None:
     with ConversationStore.open(db) as store:
         assert store.recovered_from is None  # mended in place, nothing set aside
         (notice,) = store.notices
-        assert "was damaged and has been rebuilt" in notice and "nothing was lost" in notice
+        assert "was damaged; it was rebuilt" in notice and "nothing was lost" in notice
         replies = store.children(question.id, conversation)
         assert [reply.content for reply in replies] == ["a kestrel", "a pelican"]
     with sqlite3.connect(db) as conn:
