@@ -1,10 +1,11 @@
 """Opening the conversation database's SQLite file, and what can go wrong with the file.
 
 Storage only. Connects (WAL, foreign keys, migrations), checks a file's health read-only before
-opening it for writing, turns SQLite's errors about the file into StoreErrors in words (locked,
-damaged, disk full with how much to free, unreadable), and handles a damaged file: moved aside
-under a new name, never deleted, its readable rows salvaged into a fresh one (repair.py), a
-damaged write-ahead log copied before SQLite would drop it.
+opening it for writing (rebuilding an index that lost rows), turns SQLite's errors about the
+file into StoreErrors in words (locked, damaged, disk full with how much to free, unreadable),
+and handles a damaged file: moved aside under a new name, never deleted, its readable rows
+salvaged into a fresh one (repair.py), a damaged write-ahead log copied before SQLite would
+drop it.
 """
 
 from __future__ import annotations
@@ -81,9 +82,11 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
-def connect(path: Path, busy_timeout: float) -> tuple[sqlite3.Connection, str | None]:
-    """The database, checked, opened for writing and migrated; with a sentence for the user
-    when a damaged index had to be rebuilt first (None when there was nothing to say)."""
+def connect(
+    path: Path, busy_timeout: float, notices: list[str] | None = None
+) -> sqlite3.Connection:
+    """The database, checked, opened for writing and migrated. When a damaged index had to
+    be rebuilt first, the sentence that tells the user goes to `notices`."""
     damaged_indexes = _check_health(path, busy_timeout)
     with translated(path):
         conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
@@ -95,12 +98,15 @@ def connect(path: Path, busy_timeout: float) -> tuple[sqlite3.Connection, str | 
             found = schema.version(conn)
             if found > schema.LATEST:
                 raise NewerSchemaError(path, found, schema.LATEST)
-            notice = _reindex(path, conn, damaged_indexes) if damaged_indexes else None
+            if damaged_indexes:
+                said = _reindex(path, conn, damaged_indexes)
+                if notices is not None:
+                    notices.append(said)
             schema.migrate(conn)
     except BaseException:
         conn.close()
         raise
-    return conn, notice
+    return conn
 
 
 def connect_read_only(path: Path) -> sqlite3.Connection:
@@ -134,9 +140,9 @@ def _check_health(path: Path, busy_timeout: float) -> list[str]:
     (closing a read-write connection would checkpoint the WAL into it).
 
     A file up to _FULL_CHECK_BYTES gets SQLite's integrity_check, the only check that sees an
-    index missing a row; a larger one the quick_check, which skips comparing indexes with
-    their tables and so reads the file once instead of once per index, so that opening a
-    large database does not keep the window waiting."""
+    index missing a row; a larger one the quick_check, which skips comparing each index with
+    its table (the costly part), so that opening a large database does not keep the window
+    waiting."""
     if not path.is_file() or path.stat().st_size == 0:
         return []
     check = "integrity_check" if path.stat().st_size <= _FULL_CHECK_BYTES else "quick_check"

@@ -99,8 +99,8 @@ def records(data: bytes | mmap.mmap, newer: dict[int, bytes] | None = None) -> I
 
 
 def page_size(data: bytes | mmap.mmap, hint: int | None = None) -> int | None:
-    """The header's page size when it is sound; else (or `hint`, a log's) the size at which
-    most of the file's first pages parse as b-tree pages; None if none does."""
+    """The page size at which most of the file's first _SAMPLE bytes parse as b-tree pages,
+    the header's (then `hint`, a log's) first among equals; None if no page parses."""
     stated = None
     if data[:16] == _MAGIC:
         raw = int.from_bytes(data[16:18])
