@@ -5,17 +5,24 @@ the next write, silently: the last turns vanish. So before the first connection 
 database, the log is walked frame by frame (the format is documented at
 sqlite.org/fileformat2.html#walformat) and a damaged one is copied aside. A damaged database
 file is moved aside by the store; `salvage` then copies every row that can still be read
-into the fresh one, whose triggers rebuild the search index as the rows go in.
+into the fresh one, whose triggers rebuild the search index as the rows go in: through SQL
+while SQL can read the file, and from its pages (pages.py, shapes.py) where it cannot,
+before forest.py closes the holes the lost rows left.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import shutil
 import sqlite3
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+from app.conversations import forest, pages, shapes
 
 _WAL_MAGIC = (0x377F0682, 0x377F0683)  # checksums in little- / big-endian words
 _WAL_HEADER = 32
@@ -46,26 +53,55 @@ def keep_damaged_wal(database: Path) -> Path | None:
 def _wal_damaged(data: bytes) -> bool:
     """True when a frame of the current log (its salts match the header) fails its checksum,
     or the header itself is unreadable: SQLite would then ignore that frame and all after."""
+    return _frames(data)[1]
+
+
+def committed_pages(database: Path) -> dict[int, bytes]:
+    """The pages `database`'s WAL holds committed copies of, by page number (the newest
+    copy of each; frames after the last commit, or past a damaged frame, are left out):
+    what SQLite would read in place of the file's own pages."""
+    try:
+        data = Path(f"{database}-wal").read_bytes()
+    except OSError:
+        return {}
+    pages: dict[int, bytes] = {}
+    pending: dict[int, bytes] = {}
+    for number, commit, page in _frames(data)[0]:
+        pending[number] = page
+        if commit:
+            pages.update(pending)
+            pending = {}
+    return pages
+
+
+def _frames(data: bytes) -> tuple[list[tuple[int, int, bytes]], bool]:
+    """The current log's frames that pass their checksums, in order (page number, database
+    size if it commits else 0, page), and whether one of the current log failed (or the
+    header is unreadable) before its end."""
+    if len(data) < _WAL_HEADER:
+        return [], len(data) > 0
     magic, _version, page_size, _seq, salt1, salt2, check1, check2 = struct.unpack(
         ">8I", data[:_WAL_HEADER]
     )
     if magic not in _WAL_MAGIC or page_size < 512 or page_size & (page_size - 1):
-        return True
+        return [], True
     order = ">" if magic & 1 else "<"
     sums = _checksum(data[:24], 0, 0, order)
     if sums != (check1, check2):
-        return True
+        return [], True
+    frames = []
     frame = _FRAME_HEADER + page_size
     for offset in range(_WAL_HEADER, len(data) - frame + 1, frame):
         header = data[offset : offset + _FRAME_HEADER]
-        _page, _commit, frame_salt1, frame_salt2, sum1, sum2 = struct.unpack(">6I", header)
+        number, commit, frame_salt1, frame_salt2, sum1, sum2 = struct.unpack(">6I", header)
         if (frame_salt1, frame_salt2) != (salt1, salt2):
-            return False  # frames of an earlier log, already checkpointed
+            return frames, False  # frames of an earlier log, already checkpointed
         page = data[offset + _FRAME_HEADER : offset + frame]
         sums = _checksum(header[:8] + page, *sums, order)
         if sums != (sum1, sum2):
-            return True
-    return False
+            return frames, True
+        frames.append((number, commit, page))
+    return frames, False
 
 
 def _checksum(data: bytes, s1: int, s2: int, order: str) -> tuple[int, int]:
@@ -76,48 +112,99 @@ def _checksum(data: bytes, s1: int, s2: int, order: str) -> tuple[int, int]:
     return s1, s2
 
 
-def salvage(damaged: Path, conn: sqlite3.Connection) -> tuple[int, int]:
-    """Copy the readable conversations and messages of the `damaged` file into `conn` (a
-    fresh, migrated database in autocommit mode); returns (conversations, messages) now held.
+@dataclass(frozen=True)
+class Salvaged:
+    """What salvage brought into the fresh database."""
 
-    Rows are copied in rowid order; where a page cannot be read the copy goes on past it and
-    reads back whatever that skip passed over one row at a time. Messages whose parent was
-    lost become roots, messages whose conversation was lost get one, and a lost current leaf
-    becomes the conversation's newest message, so everything recovered can be opened.
+    conversations: int
+    messages: int  # stand-ins for lost messages not counted
+    stand_ins: int  # messages that say one was lost there (forest.py)
+
+
+def salvage(damaged: Path, conn: sqlite3.Connection) -> Salvaged:
+    """Copy the readable conversations and messages of the `damaged` file into `conn` (a
+    fresh, migrated database in autocommit mode).
+
+    First through SQL, in rowid order; where a page cannot be read the copy goes on past it
+    and reads back whatever that skip passed over one row at a time. When SQL could not read
+    both tables to their end (the header, the first page or the schema is damaged, the file
+    was cut short, a page is lost), the file's pages are read as well (pages.py) and every
+    row found there that SQL did not bring is added. Then forest.py makes the rows a whole
+    that every conversation can show and continue.
     """
-    try:
-        source = sqlite3.connect(f"{damaged.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return 0, 0
     conn.execute("PRAGMA foreign_keys = OFF")  # parents may be among the lost rows
     try:
         conn.execute("BEGIN IMMEDIATE")
-        for table in ("conversations", "messages"):
-            columns = _shared_columns(source, conn, table)
-            if not columns:
-                continue
-            insert = (
-                f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) "
-                f"VALUES ({', '.join('?' * len(columns))})"
-            )
-            for row in _readable_rows(source, table, columns):
-                try:
-                    conn.execute(insert, row)
-                except sqlite3.Error:
-                    continue  # a row that reads but holds nonsense
-        _reconnect(conn)
+        if not _copy_through_sql(damaged, conn):
+            _copy_from_pages(damaged, conn)
+        messages = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+        stand_ins = forest.mend(conn)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
     finally:
-        source.close()
         conn.execute("PRAGMA foreign_keys = ON")
-    return (
-        conn.execute("SELECT count(*) FROM conversations").fetchone()[0],
-        conn.execute("SELECT count(*) FROM messages").fetchone()[0],
+    conversations = conn.execute("SELECT count(*) FROM conversations").fetchone()[0]
+    return Salvaged(conversations, messages, stand_ins)
+
+
+def _copy_through_sql(damaged: Path, conn: sqlite3.Connection) -> bool:
+    """Copy what SQL reads of both tables; whether it read them whole."""
+    try:
+        source = sqlite3.connect(f"{damaged.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return False
+    whole = True
+    try:
+        for table in shapes.TABLES:
+            columns = _shared_columns(source, conn, table)
+            if not columns:
+                whole = False
+                continue
+            reader = _Reader(source, table, columns)
+            _insert(conn, table, columns, reader.rows())
+            whole = whole and reader.whole
+    finally:
+        source.close()
+    return whole
+
+
+def _copy_from_pages(damaged: Path, conn: sqlite3.Connection) -> None:
+    """Add the rows the file's pages (and its log's committed pages) hold that are not in
+    `conn` yet."""
+    tables = shapes.shapes(conn)
+    found: dict[str, list[pages.Record]] = {shape.table: [] for shape in tables}
+    try:
+        with damaged.open("rb") as file:
+            if os.fstat(file.fileno()).st_size == 0:
+                return
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                for record in pages.records(data, committed_pages(damaged)):
+                    shape = next((shape for shape in tables if shape.fits(record)), None)
+                    if shape is not None:
+                        found[shape.table].append(record)
+    except OSError:
+        return
+    for shape in tables:
+        for row in shape.rows(found[shape.table]):
+            _insert(conn, shape.table, list(row), [tuple(row.values())])
+
+
+def _insert(
+    conn: sqlite3.Connection, table: str, columns: list[str], found: Iterable[tuple]
+) -> None:
+    """Insert each row that is not there yet (by its keys) and that the table accepts."""
+    insert = (
+        f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) "
+        f"VALUES ({', '.join('?' * len(columns))})"
     )
+    for row in found:
+        try:
+            conn.execute(insert, row)
+        except sqlite3.Error:
+            continue  # a row that reads but holds nonsense
 
 
 def _shared_columns(
@@ -132,60 +219,51 @@ def _shared_columns(
     return [name for name in wanted if name in found and name != "writer"]
 
 
-def _readable_rows(source: sqlite3.Connection, table: str, columns: list[str]) -> Iterator[tuple]:
-    select = f"SELECT rowid, {', '.join(columns)} FROM {table}"
-    after = 0  # rowids Stoke's tables assign start at 1
-    while True:
-        try:
-            for row in source.execute(f"{select} WHERE rowid > ? ORDER BY rowid", (after,)):
-                after = row[0]
-                yield row[1:]
-            return
-        except sqlite3.DatabaseError:
-            pass
-        resume = _next_readable(source, table, after)
-        if resume is None:
-            return
-        for rowid in range(after + 1, min(resume, after + 1 + _MAX_BACKFILL)):
+class _Reader:
+    """A table's rows through SQL, past the pages that cannot be read; `whole` turns False
+    when one could not."""
+
+    def __init__(self, source: sqlite3.Connection, table: str, columns: list[str]) -> None:
+        self.source = source
+        self.table = table
+        self.select = f"SELECT rowid, {', '.join(columns)} FROM {table}"
+        self.whole = True
+
+    def rows(self) -> Iterator[tuple]:
+        after = 0  # rowids Stoke's tables assign start at 1
+        while True:
             try:
-                row = source.execute(f"{select} WHERE rowid = ?", (rowid,)).fetchone()
+                for row in self.source.execute(
+                    f"{self.select} WHERE rowid > ? ORDER BY rowid", (after,)
+                ):
+                    after = row[0]
+                    yield row[1:]
+                return
+            except sqlite3.DatabaseError:
+                self.whole = False
+            resume = self._next_readable(after)
+            if resume is None:
+                return
+            for rowid in range(after + 1, min(resume, after + 1 + _MAX_BACKFILL)):
+                try:
+                    row = self.source.execute(f"{self.select} WHERE rowid = ?", (rowid,)).fetchone()
+                except sqlite3.DatabaseError:
+                    continue
+                if row is not None:
+                    yield row[1:]
+            after = resume - 1
+
+    def _next_readable(self, after: int) -> int | None:
+        """The first rowid past `after` a seek can reach, skipping ever further ahead (past
+        the last row: the rowid just after the skip), or None if no seek works."""
+        for bits in range(_MAX_SKIP_BITS):
+            skip = after + (1 << bits)
+            try:
+                row = self.source.execute(
+                    f"SELECT rowid FROM {self.table} WHERE rowid > ? ORDER BY rowid LIMIT 1",
+                    (skip,),
+                ).fetchone()
             except sqlite3.DatabaseError:
                 continue
-            if row is not None:
-                yield row[1:]
-        after = resume - 1
-
-
-def _next_readable(source: sqlite3.Connection, table: str, after: int) -> int | None:
-    """The first rowid past `after` a seek can reach, skipping ever further ahead (past the
-    last row: the rowid just after the skip), or None if no seek works."""
-    for bits in range(_MAX_SKIP_BITS):
-        skip = after + (1 << bits)
-        try:
-            row = source.execute(
-                f"SELECT rowid FROM {table} WHERE rowid > ? ORDER BY rowid LIMIT 1", (skip,)
-            ).fetchone()
-        except sqlite3.DatabaseError:
-            continue
-        return skip + 1 if row is None else row[0]
-    return None
-
-
-def _reconnect(conn: sqlite3.Connection) -> None:
-    """Make the recovered rows a well-formed forest that every conversation can show."""
-    conn.execute(
-        "INSERT INTO conversations (id, title, created_at, updated_at)"
-        " SELECT conversation_id, 'Recovered conversation', min(created_at), max(updated_at)"
-        " FROM messages WHERE conversation_id NOT IN (SELECT id FROM conversations)"
-        " GROUP BY conversation_id"
-    )
-    conn.execute(
-        "UPDATE messages SET parent_id = NULL WHERE parent_id IS NOT NULL AND parent_id NOT IN"
-        " (SELECT p.id FROM messages p WHERE p.conversation_id = messages.conversation_id)"
-    )
-    conn.execute(
-        "UPDATE conversations SET current_leaf_id = (SELECT m.id FROM messages m"
-        " WHERE m.conversation_id = conversations.id ORDER BY m.created_at DESC, m.seq DESC"
-        " LIMIT 1) WHERE current_leaf_id IS NULL OR current_leaf_id NOT IN"
-        " (SELECT m.id FROM messages m WHERE m.conversation_id = conversations.id)"
-    )
+            return skip + 1 if row is None else row[0]
+        return None

@@ -63,8 +63,8 @@ class ConversationStore:
     @classmethod
     def open(cls, path: Path | None = None, *, busy_timeout: float = 3.0) -> ConversationStore:
         """Open (creating or migrating) the database; replies cut off by a writer that is gone
-        become 'interrupted'. A damaged file is moved aside, never deleted, and what can still
-        be read of it is copied into a fresh one."""
+        become 'interrupted'. An index that lost rows is rebuilt; a damaged file is moved
+        aside, never deleted, and what can still be read of it is copied into a fresh one."""
         path = Path(path) if path is not None else paths.database_path()
         database.make_folder(path)
         lease = leases.Lease.take(path)
@@ -79,7 +79,7 @@ class ConversationStore:
                         f"changes may be missing; a copy of the log was kept at {wal_copy}."
                     )
             try:
-                conn = database.connect(path, busy_timeout)
+                conn = database.connect(path, busy_timeout, notices)
             except CorruptDatabaseError:
                 recovered_from = database.move_aside(path)
                 conn = database.connect(path, busy_timeout)

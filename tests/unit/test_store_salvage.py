@@ -90,11 +90,15 @@ def test_damaged_message_page_keeps_the_readable_rest(db: Path) -> None:
 
     with ConversationStore.open(db) as store:
         (conversation,) = store.list_conversations()
-        kept = store._conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+        kept = store._conn.execute(
+            "SELECT count(*) FROM messages WHERE content LIKE '%pelican%'"
+        ).fetchone()[0]
         assert 60 < kept < 120
         assert any(f"{kept} messages" in notice for notice in store.notices), store.notices
         path = store.current_path(conversation.id)
         assert path[-1].content.startswith("assistant 0-59 ")  # the latest turn is shown
+        assert path[0].content.startswith("user 0-0 ")  # in one piece, across the gap
+        assert [m.role for m in path] == ["user", "assistant"] * (len(path) // 2)
         assert store.search("pelican", limit=200)
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
