@@ -25,6 +25,8 @@ import json
 import logging
 import math
 import re
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +75,7 @@ class Fields:
     that is dropped or missing and `required` drops the whole object."""
 
     fields: Mapping[str, Schema]
-    required: tuple[str, ...] = ()
+    required: tuple[str | tuple[str, ...], ...] = ()  # a tuple: at least one of these
 
     def clean(self, value: Any, where: str, problems: list[str]) -> Any:
         if not isinstance(value, dict):
@@ -89,7 +91,11 @@ class Fields:
             cleaned = schema.clean(item, here, problems)
             if cleaned is not DROP:
                 kept[key] = cleaned
-        missing = [k for k in self.required if k not in kept]
+        missing = [
+            " or ".join(need) if isinstance(need, tuple) else need
+            for need in self.required
+            if not any(k in kept for k in (need if isinstance(need, tuple) else (need,)))
+        ]
         if missing:
             needs = f"{where or 'the file'} needs {', '.join(missing)}"
             problems.append(needs + (", so it is left out" if where else ""))
@@ -184,6 +190,36 @@ def matching(pattern: str) -> Callable[[Any], bool]:
 def array_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     """An array whose every item `check` accepts (checked whole: a part alone means nothing)."""
     return lambda v: isinstance(v, list) and all(check(x) for x in v)
+
+
+def of_type(hint: Any) -> Callable[[Any], bool]:
+    """JSON that holds a value of the Python type `hint` (a resolved annotation: bool, int,
+    float, str, None, a Path or a Literal as a string, unions of them, tuples written as
+    arrays), so a file can hold a dataclass's fields without a second list of their types.
+    TypeError for any other hint."""
+    parts = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Literal:
+        return one_of(*parts)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        checks = [of_type(part) for part in parts]
+        return lambda v: any(check(v) for check in checks)
+    if typing.get_origin(hint) is tuple:
+        if len(parts) == 2 and parts[1] is Ellipsis:
+            return array_of(of_type(parts[0]))
+        checks = [of_type(part) for part in parts]
+        return lambda v: (
+            isinstance(v, list)
+            and len(v) == len(checks)
+            and all(check(x) for check, x in zip(checks, v, strict=True))
+        )
+    plain = {bool: boolean, int: whole(), float: number(), str: text, Path: text, type(None): _null}
+    if hint in plain:
+        return plain[hint]
+    raise TypeError(f"no JSON check for {hint!r}")
+
+
+def _null(v: Any) -> bool:
+    return v is None
 
 
 # -- the files ---------------------------------------------------------------------------------
