@@ -314,7 +314,7 @@ def _member(where: str, key: str) -> str:
     """How a part is named in the sentence: `a.b` for a plain key, `a["/some/path"]` else."""
     if _NAME.fullmatch(key):
         return f"{where}.{key}" if where else key
-    return f"{where}[{_clip(json.dumps(key, ensure_ascii=False))}]"
+    return f"{where}[{json.dumps(_clip(key), ensure_ascii=False)}]"
 
 
 def _kind(value: Any) -> str:
