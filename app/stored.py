@@ -256,7 +256,7 @@ class Stored:
         except RecursionError:
             return self._damaged(path, f"{path} is nested too deeply to read", DROP)
         except ValueError as exc:
-            return self._damaged(path, f"{path} is not valid JSON ({_first_line(exc)})", DROP)
+            return self._damaged(path, f"{path} is not valid JSON ({exc})", DROP)
         except OSError as exc:
             problem = f"{path} could not be read ({exc.strerror or exc}): using the defaults."
             log.warning("%s", problem)
@@ -313,7 +313,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def _member(where: str, key: str) -> str:
     """How a part is named in the sentence: `a.b` for a plain key, `a["/some/path"]` else."""
     if _NAME.fullmatch(key):
-        return f"{where}.{key}" if where else key
+        return f"{where}.{_clip(key)}" if where else _clip(key)
     return f"{where}[{json.dumps(_clip(key), ensure_ascii=False)}]"
 
 
@@ -325,15 +325,8 @@ def _kind(value: Any) -> str:
 
 
 def _shown(value: Any) -> str:
-    try:
-        return _clip(json.dumps(value, ensure_ascii=False))
-    except (ValueError, RecursionError):
-        return _kind(value)
+    return _clip(json.dumps(value, ensure_ascii=False))  # shallow: MAX_DEPTH was checked
 
 
 def _clip(words: str) -> str:
     return words if len(words) <= _SHOWN else words[: _SHOWN - 3] + "..."
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

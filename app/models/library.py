@@ -300,7 +300,7 @@ class Library:
     # settings file
 
     def _load(self) -> dict[str, Any]:
-        return LIBRARY_FILE.read(self._config_path).value
+        return {**LIBRARY_FILE.empty(), **LIBRARY_FILE.read(self._config_path).value}
 
     def _save(self, data: dict[str, Any]) -> None:
         paths.config_dir()
