@@ -11,7 +11,6 @@ stored: it is the one whose prompt and sampling it matches, so an edit by hand s
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +18,18 @@ from typing import Any
 
 from app import paths
 from app.engine.protocol import SamplingParams
-
-log = logging.getLogger("stoke.presets")
+from app.stored import Fields, Items, Stored, Value, number, text, text_or_none, whole
 
 FILE_NAME = "presets.json"
-# What a preset sets; every other sampling key of the conversation is kept.
-PRESET_KEYS = ("temperature", "top_p", "min_p", "top_k")
+# What a preset sets, each key as presets.json must hold it; every other sampling key of the
+# conversation is kept.
+_SAMPLING = {
+    "temperature": Value(number(0), "a number, 0 or more"),
+    "top_p": Value(lambda v: number(0)(v) and v <= 1, "a number from 0 to 1"),
+    "min_p": Value(lambda v: number(0)(v) and v <= 1, "a number from 0 to 1"),
+    "top_k": Value(whole(0), "a whole number, 0 or more"),
+}
+PRESET_KEYS = tuple(_SAMPLING)
 NAME_LIMIT = 60
 _DEFAULTS = {k: getattr(SamplingParams(), k) for k in PRESET_KEYS}  # what a key left out means
 
@@ -82,7 +87,8 @@ def presets_path() -> Path:
 
 def load_presets(path: Path | None = None) -> list[Preset]:
     """The built-in presets, then the user's (sorted by name). A damaged file or entry is
-    left out (and logged): presets are a convenience, never a reason not to start."""
+    left out (named in a warning, the file as found kept aside: app/stored.py): presets are a
+    convenience, never a reason not to start."""
     return [*BUILTIN, *sorted(_user_presets(path).values(), key=lambda p: p.name.casefold())]
 
 
@@ -116,39 +122,30 @@ def delete_preset(name: str, path: Path | None = None) -> None:
 
 
 def _user_presets(path: Path | None) -> dict[str, Preset]:
-    path = path or presets_path()
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        log.warning("presets file %s unreadable, left out: %s", path, exc)
-        return {}
-    entries = data.get("presets") if isinstance(data, dict) else None
-    found: dict[str, Preset] = {}
-    for entry in entries if isinstance(entries, list) else []:
-        preset = _checked(entry)
-        if preset is None:
-            log.warning("a damaged preset in %s was left out", path)
-        else:
-            found[preset.name] = preset
-    return found
-
-
-def _checked(entry: Any) -> Preset | None:
-    if not isinstance(entry, dict):
-        return None
-    name, prompt, sampling = entry.get("name"), entry.get("system_prompt"), entry.get("sampling")
-    if not isinstance(name, str) or not name.strip() or not isinstance(sampling, dict):
-        return None
-    if prompt is not None and not isinstance(prompt, str):
-        return None
-    numbers = {
-        k: v
-        for k, v in sampling.items()
-        if k in PRESET_KEYS and isinstance(v, int | float) and not isinstance(v, bool)
+    entries = PRESETS_FILE.read(path or presets_path()).value.get("presets", [])
+    return {
+        e["name"]: Preset(e["name"], e.get("system_prompt") or None, e["sampling"]) for e in entries
     }
-    return Preset(name, prompt or None, numbers)
+
+
+# A damaged entry is left out alone, a wrong sampling value alone; the file as found is kept.
+PRESETS_FILE = Stored(
+    Fields(
+        {
+            "presets": Items(
+                Fields(
+                    {
+                        "name": Value(lambda v: text(v) and bool(v.strip()), "a name"),
+                        "system_prompt": Value(text_or_none, "a prompt or null"),
+                        "sampling": Fields(_SAMPLING),
+                    },
+                    required=("name", "sampling"),
+                )
+            )
+        }
+    ),
+    keep=True,
+)
 
 
 def _write(user: Mapping[str, Preset], path: Path | None) -> None:

@@ -1,18 +1,17 @@
 """Typed app settings in one JSON file under the config dir. Secrets never go here.
 
-People edit this file by hand, so every field is checked on load: a field with a wrong type or
-value falls back to its default alone (the rest are kept), and a file that is not a JSON
-object gives all defaults. Either way the file as found is kept aside under a new numbered
-name (`settings.json.damaged`, `-2`, ...: an earlier copy is never overwritten), a corrected
-file replaces it, and one line on stderr names the file and each field, so the warning comes
-once rather than at every start.
+People edit this file by hand, so every field is checked on load (`SETTINGS_FILE`, through
+app/stored.py like every file Stoke reads back): a field with a wrong type or value, or a key
+Stoke does not know, is dropped alone and the field falls back to its default (the rest are
+kept), and a file that is not a JSON object gives all defaults. Either way the file as found is
+kept aside under a new numbered name (`settings.json.damaged`, `-2`, ...: an earlier copy is
+never overwritten), a corrected file replaces it, and one warning (on stderr) names the file
+and each field, so it comes once rather than at every start.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -23,6 +22,7 @@ from app.engine.choice import CHOICES
 from app.engine.drafting import SPECULATION_MODES
 from app.engine.remote import MODES
 from app.engine.rpc_devices import DROP_CHOICES
+from app.stored import Fields, Stored, Value, boolean, number, one_of, text, whole
 
 DEFAULT_N_CTX = 8192
 MAX_RESIDENT = 256  # llama.cpp's limit on sequences in one context (LLAMA_MAX_SEQ)
@@ -63,42 +63,14 @@ class Settings:
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:
-        """The settings in `path`; what is wrong in it is repaired, kept aside and reported."""
-        settings, problem = cls.load_checked(path)
-        if problem:
-            print(f"stoke: {problem}", file=sys.stderr)
-        return settings
+        """The settings in `path`; what is wrong in it is repaired, kept aside and logged."""
+        return cls.load_checked(path)[0]
 
     @classmethod
     def load_checked(cls, path: Path | None = None) -> tuple[Settings, str | None]:
         """The settings in `path` and a sentence on what had to be repaired (None: nothing)."""
-        path = path or paths.config_dir() / "settings.json"
-        try:
-            raw: Any = json.loads(path.read_text("utf-8"))
-        except FileNotFoundError:
-            return cls(), None
-        except ValueError:
-            return cls(), _repair(path, None, f"{path} is not valid JSON: using the defaults")
-        except OSError as exc:
-            return cls(), f"{path} could not be read ({exc.strerror}): using the defaults."
-        if not isinstance(raw, dict):
-            found = type(raw).__name__ if raw is not None else "null"
-            problem = f"{path} holds a JSON {found}, not an object: using the defaults"
-            return cls(), _repair(path, None, problem)
-        known = {f.name for f in fields(cls)}
-        good = {k: v for k, v in raw.items() if k in known and _CHECKS[k](v)}
-        bad = [k for k in raw if k in known and k not in good]
-        settings = cls(**good)
-        if not bad:
-            return settings, None
-        defaults = cls()
-        detail = "; ".join(
-            f"{k} = {json.dumps(raw[k])} is not {_EXPECTED[k]} "
-            f"(using {json.dumps(getattr(defaults, k))})"
-            for k in bad
-        )
-        fixed = {k: v for k, v in raw.items() if k not in bad}
-        return settings, _repair(path, fixed, f"{path}: {detail}")
+        found = SETTINGS_FILE.read(path or paths.config_dir() / "settings.json")
+        return cls(**found.value), found.problem
 
     def save(self, path: Path | None = None) -> None:
         """Written to a temp file and renamed, so a crash never leaves half a file."""
@@ -106,81 +78,43 @@ class Settings:
         paths.write_private(path, json.dumps(asdict(self), indent=2))
 
 
-def _repair(path: Path, fixed: dict[str, Any] | None, problem: str) -> str:
-    """Keep the file as found aside, write `fixed` (None: no file, all defaults) in its place,
-    and return the sentence for the user."""
-    try:
-        kept = paths.keep_aside(path)
-        if fixed is not None:
-            paths.write_private(path, json.dumps(fixed, indent=2))
-    except OSError as exc:
-        return f"{problem}. The file could not be repaired ({exc.strerror})."
-    return f"{problem}. The file as found is kept as {kept.name}."
-
-
-def _integer(low: int, high: int) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
-
-
-def _number(low: float, *, above: bool = False) -> Callable[[Any], bool]:
-    def check(v: Any) -> bool:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            return False
-        return v > low if above else v >= low
-
-    return check
-
-
 def _text_or_none(v: Any) -> bool:
     return v is None or (isinstance(v, str) and bool(v.strip()))
 
 
-def _one_of(choices: tuple[str, ...]) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, str) and v in choices
-
-
 ENGINES = (*CHOICES, "remote")
-_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "model_path": _text_or_none,
-    "engine": _one_of(ENGINES),
-    "n_ctx": _integer(1, 1 << 24),
-    "n_threads": lambda v: v is None or _integer(1, 4096)(v),
-    "n_gpu_layers": _integer(-1, 1 << 16),
-    "resident_conversations": _integer(1, MAX_RESIDENT),
-    "snapshot_disk_gib": _number(0),
-    "snapshot_ram_gib": _number(0),
-    "speculation": _one_of(SPECULATION_MODES),
-    "draft_model": _text_or_none,
-    "remote_url": _text_or_none,
-    "remote_model": _text_or_none,
-    "remote_mode": _one_of(MODES),
-    "remote_tokenizer": _text_or_none,
-    "remote_timeout_s": _number(0, above=True),
-    "rpc_servers": lambda v: isinstance(v, str),
-    "rpc_on_drop": _one_of(DROP_CHOICES),
-    "serve_on_start": lambda v: isinstance(v, bool),
-    "serve_port": _integer(1, 65535),
-    "keep_api_conversations": lambda v: isinstance(v, bool),
+# Each field's check, and what it must be in words.
+_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "model_path": (_text_or_none, "a path or null"),
+    "engine": (one_of(*ENGINES), "one of " + ", ".join(ENGINES)),
+    "n_ctx": (whole(1, 1 << 24), "a whole number of tokens from 1 to 16777216"),
+    "n_threads": (lambda v: v is None or whole(1, 4096)(v), "a whole number from 1, or null"),
+    "n_gpu_layers": (whole(-1, 1 << 16), "a whole number from -1 (all layers)"),
+    "resident_conversations": (whole(1, MAX_RESIDENT), f"a whole number from 1 to {MAX_RESIDENT}"),
+    "snapshot_disk_gib": (number(0), "a number of GiB, 0 or more"),
+    "snapshot_ram_gib": (number(0), "a number of GiB, 0 or more"),
+    "speculation": (one_of(*SPECULATION_MODES), "one of " + ", ".join(SPECULATION_MODES)),
+    "draft_model": (_text_or_none, "a path or null"),
+    "remote_url": (_text_or_none, "a URL or null"),
+    "remote_model": (_text_or_none, "a model id or null"),
+    "remote_mode": (one_of(*MODES), "one of " + ", ".join(MODES)),
+    "remote_tokenizer": (_text_or_none, "a path or null"),
+    "remote_timeout_s": (number(0, above=True), "a number of seconds above 0"),
+    "rpc_servers": (text, "HOST:PORT[=SIZE][@LINK] items, comma-separated"),
+    "rpc_on_drop": (one_of(*DROP_CHOICES), "one of " + ", ".join(DROP_CHOICES)),
+    "serve_on_start": (boolean, "true or false"),
+    "serve_port": (whole(1, 65535), "a port from 1 to 65535"),
+    "keep_api_conversations": (boolean, "true or false"),
 }
-_EXPECTED = {
-    "model_path": "a path or null",
-    "engine": "one of " + ", ".join(ENGINES),
-    "n_ctx": "a whole number of tokens from 1 to 16777216",
-    "n_threads": "a whole number from 1, or null",
-    "n_gpu_layers": "a whole number from -1 (all layers)",
-    "resident_conversations": f"a whole number from 1 to {MAX_RESIDENT}",
-    "snapshot_disk_gib": "a number of GiB, 0 or more",
-    "snapshot_ram_gib": "a number of GiB, 0 or more",
-    "speculation": "one of " + ", ".join(SPECULATION_MODES),
-    "draft_model": "a path or null",
-    "remote_url": "a URL or null",
-    "remote_model": "a model id or null",
-    "remote_mode": "one of " + ", ".join(MODES),
-    "remote_tokenizer": "a path or null",
-    "remote_timeout_s": "a number of seconds above 0",
-    "rpc_servers": "HOST:PORT[=SIZE][@LINK] items, comma-separated",
-    "rpc_on_drop": "one of " + ", ".join(DROP_CHOICES),
-    "serve_on_start": "true or false",
-    "serve_port": "a port from 1 to 65535",
-    "keep_api_conversations": "true or false",
-}
+# A wrong field falls back to its default alone, and the sentence says which default.
+SETTINGS_FILE = Stored(
+    Fields(
+        {
+            f.name: Value(
+                _FIELDS[f.name][0], f"{_FIELDS[f.name][1]} (using {json.dumps(f.default)})"
+            )
+            for f in fields(Settings)
+        }
+    ),
+    keep=True,
+)

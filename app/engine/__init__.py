@@ -2,6 +2,6 @@
 client, token-exact transcripts, KV snapshots, prewarming, the llama.cpp, MLX and remote
 backends, and GGUF reading (`model_file`, `gguf_info`).
 
-May import: only paths and resources (ground). Never models, hardware, settings, session,
-server or the UI: they all import this room.
+May import: only paths, stored (its caches' schemas) and resources (ground). Never models,
+hardware, settings, session, server or the UI: they all import this room.
 """

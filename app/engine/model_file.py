@@ -22,6 +22,7 @@ from typing import Any
 from app import paths
 from app.engine.gguf_header import HeaderError, open_header
 from app.engine.protocol import ModelLoadError
+from app.stored import Entries, Fields, Stored, Value, matching, of_type, one_of, text
 
 logger = logging.getLogger("stoke.model_file")
 
@@ -183,13 +184,7 @@ class _ContentHashes:
 
     @staticmethod
     def _read(cache: Path) -> dict[str, Any]:
-        try:
-            data = json.loads((cache / _CACHE_NAME).read_text("utf-8"))
-        except (OSError, ValueError):
-            data = None
-        if not isinstance(data, dict) or data.get("version") != 1:
-            return {"version": 1, "files": {}, "owners": {}}
-        return data
+        return HASHES_FILE.read(cache / _CACHE_NAME).value
 
     def resolve(self, file: Path, quick: str, hash_content: bool) -> str:
         """The fingerprint of `file` whose cheap part is `quick`; starts its hash if unknown."""
@@ -276,6 +271,29 @@ def _hash_file(file: Path) -> str:
     return digest.hexdigest()
 
 
+_SHA256 = Value(matching("[0-9a-f]{64}"), "a sha256")
+# The content hashes (model-hashes.json, a cache): a damaged entry is dropped and hashed again.
+HASHES_FILE = Stored(
+    Fields(
+        {
+            "version": Value(one_of(1), "1 (this Stoke's format)"),
+            "files": Entries(
+                Fields(
+                    {
+                        "stamp": Value(of_type(tuple[int, int]), "a size and a time"),
+                        "quick": Value(text, "a fingerprint"),
+                        "sha256": _SHA256,
+                    },
+                    required=("stamp", "quick", "sha256"),
+                )
+            ),
+            "owners": Entries(_SHA256),
+        },
+        required=("version", "files", "owners"),
+    ),
+    keep=False,
+    empty=lambda: {"version": 1, "files": {}, "owners": {}},
+)
 _content_hashes = _ContentHashes()
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from app import paths
 from app.engine.protocol import LoadOptions
+from app.stored import Entries, Fields, Stored, Value, text
 
 CHANGES = "no extra CPU buffer types, no flash attention"  # what `conservative` turns off
 RECORDS_FILE = "engine-safe-mode.json"
@@ -67,6 +68,20 @@ def _model_key(engine: str, model_path: str) -> str | None:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
+# The records (engine-safe-mode.json, a cache): a damaged record or field is dropped.
+RECORDS = Stored(
+    Entries(
+        Fields(
+            {
+                k: Value(text, "words")
+                for k in ("model", "engine", "reason", "changes", "recorded_at")
+            }
+        )
+    ),
+    keep=False,
+)
+
+
 class SafeModeRecords:
     """The models that crashed here and now load conservatively, in one JSON file."""
 
@@ -74,11 +89,8 @@ class SafeModeRecords:
         self.path = path or paths.cache_dir() / RECORDS_FILE
 
     def _read(self) -> dict[str, dict]:
-        try:
-            data = json.loads(self.path.read_text("utf-8"))
-        except (OSError, ValueError):
-            return {}  # missing or damaged: nothing recorded (a cache, not data)
-        return data if isinstance(data, dict) else {}
+        """Missing or damaged: nothing recorded (a cache, not data; app/stored.py checks it)."""
+        return RECORDS.read(self.path).value
 
     def lookup(self, engine: str, model_path: str) -> dict | None:
         """The record of this model on this machine and engine, if it crashed here before."""

@@ -2,5 +2,6 @@
 its fit verdicts, per-model load settings, the hub token (keychain), the bundled default.
 
 May import: hardware (the planner judges catalog entries), engine (GGUF reading, the
-fingerprint), paths, resources. Never settings, session, server or the UI.
+fingerprint), paths, stored (its files' schemas), resources. Never settings, session, server
+or the UI.
 """

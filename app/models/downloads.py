@@ -59,13 +59,64 @@ from app.models.transfer import (
     Stopped,
     progress_meter,
 )
+from app.stored import Fields, Items, Stored, Value, matching, of_type, one_of, text, text_or_none
 from app.units import decimal_bytes
 
 logger = logging.getLogger("stoke.downloads")
 
 _STATE_VERSION = 1
+JOB_STATES = ("running", "paused", "done", "failed")
+FILE_STATES = ("pending", "done", "failed", "quarantined")
 _REPORT_EVERY_S = 0.25
 _SPEED_WINDOW_S = 10.0
+
+
+def _relative(name: Any) -> bool:
+    """A path inside the folder it is joined to: relative, no `..`, no empty part."""
+    parts = name.split("/") if isinstance(name, str) else [""]
+    return all(part not in ("", ".", "..") and "\\" not in part for part in parts)
+
+
+_repo = matching(r"[\w.-]+/[\w.-]+")
+# The unfinished downloads (downloads.json). Ids, repos and file names become paths that are
+# written and deleted, so each must stay inside its folder; a damaged job is left out alone.
+STATE_FILE = Stored(
+    Fields(
+        {
+            "version": Value(one_of(_STATE_VERSION), f"{_STATE_VERSION} (this Stoke's format)"),
+            "downloads": Items(
+                Fields(
+                    {
+                        "id": Value(matching(r"[0-9a-f]{12}"), "a download id"),
+                        "repo": Value(lambda v: _repo(v) and _relative(v), "owner/name"),
+                        "revision": Value(text, "a revision"),
+                        "endpoint": Value(text_or_none, "a URL or null"),
+                        "state": Value(one_of(*JOB_STATES), "one of " + ", ".join(JOB_STATES)),
+                        "error": Value(text_or_none, "a sentence or null"),
+                        "files": Items(
+                            Fields(
+                                {
+                                    "name": Value(_relative, "a file name in the repo"),
+                                    "size": Value(of_type(int | None), "a size or null"),
+                                    "sha256": Value(text_or_none, "a hash or null"),
+                                    "blob_id": Value(text_or_none, "an id or null"),
+                                    "status": Value(one_of(*FILE_STATES), "a file's state"),
+                                    "error": Value(text_or_none, "a sentence or null"),
+                                    "quarantine": Value(text_or_none, "a path or null"),
+                                },
+                                required=("name", "size", "sha256", "blob_id"),
+                            )
+                        ),
+                    },
+                    required=("id", "repo", "revision", "state", "files"),
+                )
+            ),
+        },
+        required=("version", "downloads"),
+    ),
+    keep=True,
+    empty=lambda: {"version": _STATE_VERSION, "downloads": []},
+)
 
 
 class _Busy(DownloadError):
@@ -122,16 +173,7 @@ class Downloads:
     # state file
 
     def _read_state(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self._state_path.read_text("utf-8"))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError):
-            self._state_path.replace(self._state_path.with_name("downloads.json.damaged"))
-            return {}
-        if data.get("version") != _STATE_VERSION:
-            return {}
-        return {d["id"]: d for d in data.get("downloads", []) if isinstance(d, dict)}
+        return {d["id"]: d for d in STATE_FILE.read(self._state_path).value["downloads"]}
 
     def _persist(self) -> None:
         """Merge this manager's jobs into the state file (another Stoke may own others)."""

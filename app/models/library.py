@@ -17,8 +17,9 @@ import os
 import re
 import shutil
 import struct
+import typing
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ from app.engine.protocol import ModelLoadError
 from app.models import load_settings
 from app.models.default import default_model_path
 from app.models.names import model_name
+from app.stored import Entries, Fields, Items, Stored, Value, of_type, one_of, text
 from app.units import decimal_bytes
 
 ModelFormat = Literal["gguf", "mlx"]
@@ -116,19 +118,6 @@ def _stamp(files: tuple[Path, ...]) -> list[list[Any]]:
         st = file.stat()
         stamps.append([str(file), st.st_size, st.st_mtime_ns])
     return stamps
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """The object in `path`; {} when it is missing or damaged (kept aside unless read-only)."""
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError):
-        with contextlib.suppress(OSError):
-            paths.keep_aside(path)
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 # --- inspection ---------------------------------------------------------------------------------
@@ -311,21 +300,14 @@ class Library:
     # settings file
 
     def _load(self) -> dict[str, Any]:
-        data = _read_json(self._config_path)
-        data.setdefault("version", _LIBRARY_VERSION)
-        if not isinstance(data.get("folders"), list):
-            data["folders"] = []
-        return data
+        return {**LIBRARY_FILE.empty(), **LIBRARY_FILE.read(self._config_path).value}
 
     def _save(self, data: dict[str, Any]) -> None:
         paths.config_dir()
         paths.write_private(self._config_path, json.dumps(data, indent=2))
 
     def _load_cache(self) -> dict[str, Any]:
-        data = _read_json(self._cache_path)
-        if data.get("version") != _CACHE_VERSION or not isinstance(data.get("models"), dict):
-            return {}
-        return data["models"]
+        return SCAN_FILE.read(self._cache_path).value["models"]
 
     def _save_cache(self, models: dict[str, Any]) -> None:
         """Best effort: a scan that cannot be remembered (a read-only folder) is redone."""
@@ -650,6 +632,50 @@ class Library:
             raise LibraryError(f"Load settings must be plain values: {exc}.") from exc
 
 
+# The folders the user added (library.json): a wrong one is left out alone.
+LIBRARY_FILE = Stored(
+    Fields(
+        {
+            "version": Value(one_of(_LIBRARY_VERSION), f"{_LIBRARY_VERSION} (this Stoke's format)"),
+            "folders": Items(Value(lambda v: text(v) and Path(v).is_absolute(), "a full path")),
+        }
+    ),
+    keep=True,
+    empty=lambda: {"version": _LIBRARY_VERSION, "folders": []},
+)
+_ENTRY_HINTS = typing.get_type_hints(ModelEntry)
+# What each scan found (library-scan.json, a cache): an entry, or why the file is no model.
+SCAN_FILE = Stored(
+    Fields(
+        {
+            "version": Value(one_of(_CACHE_VERSION), f"{_CACHE_VERSION} (this Stoke's format)"),
+            "models": Entries(
+                Fields(
+                    {
+                        "stamp": Value(of_type(tuple[tuple[str, int, int], ...]), "file stamps"),
+                        "error": Value(text, "a sentence"),
+                        "entry": Fields(
+                            {
+                                **{
+                                    f.name: Value(of_type(_ENTRY_HINTS[f.name]), f.type)
+                                    for f in fields(ModelEntry)
+                                },
+                                "fingerprint": Value(text, "an id"),
+                            },
+                            required=tuple(
+                                f.name for f in fields(ModelEntry) if f.default is MISSING
+                            ),
+                        ),
+                    },
+                    required=("stamp", ("entry", "error")),
+                )
+            ),
+        },
+        required=("version", "models"),
+    ),
+    keep=False,
+    empty=lambda: {"version": _CACHE_VERSION, "models": {}},
+)
 _bundled_memo: dict[str, Any] = {}  # the bundled model's entry by its file's stamp
 
 

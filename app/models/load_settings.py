@@ -8,24 +8,59 @@ The path is stored alongside for people reading the file. The options are
 them, so a saved dict loads back equal.
 
 Writes go to a private temp file that replaces the old one, so a crash never leaves half a
-file; a file that cannot be read as settings is kept aside as `load_settings.json.damaged`
-(then `-2`, `-3`: never over an earlier copy) and ignored, like `settings.json`.
+file. Reads are checked (`LOAD_SETTINGS_FILE`, app/stored.py): a file that cannot be read as
+settings is kept aside as `load_settings.json.damaged` (then `-2`, `-3`: never over an earlier
+copy) and ignored, like `settings.json`; an entry without options, or an option of the wrong
+type, is left out alone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import typing
+from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from app import paths
 from app.engine.model_file import fingerprint
+from app.engine.protocol import LoadOptions
+from app.stored import Entries, Fields, Stored, Value, of_type, one_of, text
 
 FILE_NAME = "load_settings.json"
 FORMAT_VERSION = 1
+_HINTS = typing.get_type_hints(LoadOptions)
+# The options: LoadOptions' fields as JSON holds them (what the engine is handed: no model
+# path, no remote server), each checked against its type.
+_OPTIONS = Fields(
+    {
+        f.name: Value(of_type(_HINTS[f.name]), f"{f.type} (LoadOptions.{f.name})")
+        for f in fields(LoadOptions)
+        if f.name not in ("model_path", "remote")
+    }
+)
+LOAD_SETTINGS_FILE = Stored(
+    Fields(
+        {
+            "version": Value(one_of(FORMAT_VERSION), f"{FORMAT_VERSION} (this Stoke's format)"),
+            "models": Entries(
+                Fields(
+                    {
+                        "model_path": Value(text, "a path"),
+                        "saved_at": Value(text, "a time"),
+                        "options": _OPTIONS,
+                    },
+                    required=("options",),
+                )
+            ),
+        },
+        required=("version", "models"),
+    ),
+    keep=True,
+    empty=lambda: {"version": FORMAT_VERSION, "models": {}},
+)
 
 
 def settings_path() -> Path:
@@ -41,22 +76,9 @@ def _tuples(value: Any) -> Any:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    """Every model's entry; a damaged file is moved aside and reads as empty."""
-    try:
-        raw = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError):
-        raw = None
-    if (
-        isinstance(raw, dict)
-        and raw.get("version") == FORMAT_VERSION
-        and isinstance(raw.get("models"), dict)
-    ):
-        return raw["models"]
-    with contextlib.suppress(OSError):  # a read-only folder: ignored all the same
-        paths.keep_aside(path)
-    return {}
+    """Every model's entry; a damaged file is kept aside and reads as empty, a damaged entry
+    or option is left out alone (app/stored.py)."""
+    return LOAD_SETTINGS_FILE.read(path).value["models"]
 
 
 def _write(path: Path, models: dict[str, Any]) -> None:
@@ -66,8 +88,12 @@ def _write(path: Path, models: dict[str, Any]) -> None:
 
 def save(model_path: str | os.PathLike[str], options: dict[str, Any]) -> None:
     """Store `options` as the load settings of the model at `model_path` (which must exist).
-    Raises TypeError for options JSON cannot hold, before anything is written."""
-    json.dumps(options)
+    Raises TypeError for options JSON cannot hold, and ValueError (naming them) for options a
+    load cannot take, which a read would drop: both before anything is written."""
+    problems: list[str] = []
+    _OPTIONS.clean(json.loads(json.dumps(options)), "options", problems)
+    if problems:
+        raise ValueError("; ".join(problems))
     key = fingerprint(model_path, hash_content=False)
     path = settings_path()
     models = _read(path)
@@ -87,6 +113,4 @@ def load(model_path: str | os.PathLike[str]) -> dict[str, Any] | None:
     except OSError:
         return None
     entry = _read(settings_path()).get(key)
-    if not isinstance(entry, dict) or not isinstance(entry.get("options"), dict):
-        return None
-    return _tuples(entry["options"])
+    return None if entry is None else _tuples(entry["options"])

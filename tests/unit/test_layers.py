@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.hardware",),  # detection and the offload planner
     ("app.engine",),  # protocol, host, worker, backends, GGUF reading
     ("app.conversations",),  # storage: knows nothing of engines
+    ("app.stored",),  # Stoke's own JSON files, checked as they are read back
     ("app.paths", "app.resources", "app.units", "app.qt_check"),  # ground
 )
 LEVEL = {room: len(LAYERS) - i for i, rooms in enumerate(LAYERS) for room in rooms}

@@ -47,6 +47,7 @@ import llama_cpp
 from app import paths
 from app.engine.llamacpp import ggml
 from app.engine.safe_mode import cpu_identity
+from app.stored import Entries, Fields, Stored, Value, array_of, one_of, text
 
 POLICIES = ("all", "no-amx", "none")  # most to least capable
 CACHE_FILE = "cpu-buffers.json"
@@ -195,7 +196,8 @@ _verdict: Verdict | None = None
 
 def machine_verdict(*, cache: Path | None = None) -> Verdict:
     """This machine's verdict: from the cache, else by running the probe (a few seconds, once
-    per CPU and llama.cpp build). Never raises: an unreadable cache just means probing."""
+    per CPU and llama.cpp build). Never raises: an unreadable cache, or a damaged verdict in
+    it, just means probing (app/stored.py checks every verdict read back)."""
     global _verdict
     if _verdict is not None and cache is None:
         return _verdict
@@ -215,26 +217,36 @@ def machine_verdict(*, cache: Path | None = None) -> Verdict:
 
 
 def _read_cache(path: Path) -> dict[str, dict]:
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("format") != _FORMAT:
-        return {}
-    verdicts = data.get("verdicts")
-    if not isinstance(verdicts, dict):
-        return {}
-    good = {}
-    for key, entry in verdicts.items():
-        if (
-            isinstance(entry, dict)
-            and entry.get("policy") in POLICIES
-            and entry.get("exact_v") in V_TYPES
-        ):
-            with contextlib.suppress(TypeError):
-                Verdict(**{**entry, "extra_types": tuple(entry.get("extra_types", ()))})
-                good[key] = entry
-    return good
+    return VERDICTS_FILE.read(path).value["verdicts"]
+
+
+_TEXT = Value(text, "words")
+# The verdicts (cpu-buffers.json, a cache): one that is damaged is dropped, and probed again.
+VERDICTS_FILE = Stored(
+    Fields(
+        {
+            "format": Value(one_of(_FORMAT), f"{_FORMAT} (this Stoke's format)"),
+            "verdicts": Entries(
+                Fields(
+                    {
+                        "policy": Value(one_of(*POLICIES), "one of " + ", ".join(POLICIES)),
+                        "reason": _TEXT,
+                        "extra_types": Value(array_of(text), "buffer type names"),
+                        "trials": Entries(_TEXT),
+                        "source": _TEXT,
+                        "key": _TEXT,
+                        "exact_v": Value(one_of(*V_TYPES), "one of " + ", ".join(V_TYPES)),
+                        "exact_v_reason": _TEXT,
+                    },
+                    required=("policy", "reason", "extra_types", "exact_v"),
+                )
+            ),
+        },
+        required=("format", "verdicts"),
+    ),
+    keep=False,
+    empty=lambda: {"format": _FORMAT, "verdicts": {}},
+)
 
 
 def _write_cache(path: Path, key: str, verdict: Verdict) -> None:
