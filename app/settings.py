@@ -21,6 +21,7 @@ from typing import Any
 from app import paths
 from app.engine.choice import CHOICES
 from app.engine.drafting import SPECULATION_MODES
+from app.engine.protocol import MIN_CONTEXT
 from app.engine.remote import MODES
 from app.engine.rpc_devices import DROP_CHOICES
 
@@ -143,7 +144,7 @@ ENGINES = (*CHOICES, "remote")
 _CHECKS: dict[str, Callable[[Any], bool]] = {
     "model_path": _text_or_none,
     "engine": _one_of(ENGINES),
-    "n_ctx": _integer(1, 1 << 24),
+    "n_ctx": _integer(MIN_CONTEXT, 1 << 24),
     "n_threads": lambda v: v is None or _integer(1, 4096)(v),
     "n_gpu_layers": _integer(-1, 1 << 16),
     "resident_conversations": _integer(1, MAX_RESIDENT),
@@ -165,7 +166,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
 _EXPECTED = {
     "model_path": "a path or null",
     "engine": "one of " + ", ".join(ENGINES),
-    "n_ctx": "a whole number of tokens from 1 to 16777216",
+    "n_ctx": f"a whole number of tokens from {MIN_CONTEXT} (the smallest that works) to 16777216",
     "n_threads": "a whole number from 1, or null",
     "n_gpu_layers": "a whole number from -1 (all layers)",
     "resident_conversations": f"a whole number from 1 to {MAX_RESIDENT}",
