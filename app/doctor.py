@@ -534,6 +534,5 @@ def render(report: dict[str, Any]) -> str:
         supported = report["llama_cpp"].get("rpc")
         lines += _section("RPC devices (llama.cpp rpc-server)", _rpc_rows(report["rpc"], supported))
     lines += _section("Keyring", _keyring_rows(report["keyring"]))
-    if "safe_mode" in report:
-        lines += _section("Safe mode", _safe_mode_rows(report["safe_mode"]))
+    lines += _section("Safe mode", _safe_mode_rows(report["safe_mode"]))
     return "\n".join(lines).rstrip()

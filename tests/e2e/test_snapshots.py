@@ -234,11 +234,13 @@ def test_mlx_snapshot_that_is_no_prompt_cache_is_prefilled_instead(model_path):
     from app.engine.kvstore import KVStore
     from app.engine.mlx.backend import SNAPSHOT_FOLDER, MlxEngine
     from app.engine.mlx.models import load_tokenizer
-    from app.engine.model_file import fingerprint
+    from app.engine.model_file import fingerprint, weights_id
 
     key = fingerprint(model_path)
     tokens = load_tokenizer(model_path).tokenize(STORY[:400])
-    store = KVStore(key, "mlx", directory=paths.kv_dir(key) / SNAPSHOT_FOLDER)
+    store = KVStore(
+        weights_id(model_path, key), "mlx", directory=paths.kv_dir(key) / SNAPSHOT_FOLDER
+    )
     store.put("talk", tokens, b"not a prompt cache")
     store.close()
     engine = MlxEngine()
