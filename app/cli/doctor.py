@@ -1,4 +1,5 @@
-"""`stoke doctor`: the report of app/doctor.py, as text or JSON."""
+"""`stoke doctor`: the report of app/doctor.py, as text or JSON; `--reset-safe-mode` forgets
+the models that crashed here instead (app/engine/safe_mode.py)."""
 
 from __future__ import annotations
 
