@@ -206,8 +206,24 @@ def engine_choice() -> dict[str, Any]:
     where = "this model's load settings" if saved == options.engine else "Settings"
     choice = choose_engine(options)
     reason = f"chosen in {where}" if choice.reason == "chosen by the user" else choice.reason
-    safe = SafeModeRecords().lookup(choice.engine, model)
+    safe = SafeModeRecords().lookup(choice.engine, options, expire=False)
     return {"model_path": model, "engine": choice.engine, "reason": reason, "safe_mode": safe}
+
+
+def safe_mode() -> dict[str, Any]:
+    """The models that load conservatively here after a crash, each record with its words
+    (one applies while its model's load settings stay those that crashed)."""
+    from app.engine.safe_mode import SafeModeRecords, words
+
+    return {"records": [{**r, "words": words(r)} for r in SafeModeRecords().entries()]}
+
+
+def reset_safe_mode() -> list[str]:
+    """`stoke doctor --reset-safe-mode`: forget every safe-mode record, so each model loads
+    with its own settings again; the words of each record removed."""
+    from app.engine.safe_mode import SafeModeRecords, words
+
+    return [words(r) for r in SafeModeRecords().clear()]
 
 
 def llamacpp_info(timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
@@ -355,6 +371,7 @@ def collect(rpc: Sequence[str] = ()) -> dict[str, Any]:
         },
         "rpc": _guarded(lambda: check_rpc(rpc)),
         "keyring": _guarded(_keyring),
+        "safe_mode": _guarded(safe_mode),
     }
 
 
@@ -427,6 +444,18 @@ def _choice_rows(choice: dict[str, Any]) -> list[tuple[str, str]]:
         safe = choice["safe_mode"]
         rows.append(("safe mode", f"{safe['changes']}: it crashed here ({safe['recorded_at']})"))
     return rows
+
+
+def _safe_mode_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
+    if "error" in info:
+        return _error_rows(info)
+    if not info["records"]:
+        return [("records", "none: every model loads with its own settings")]
+    rows = [(record.get("model", "a model"), record["words"]) for record in info["records"]]
+    return [
+        *rows,
+        ("to clear", "stoke doctor --reset-safe-mode (or Clear in the window's settings)"),
+    ]
 
 
 def _remote_line(check: dict[str, Any]) -> str:
@@ -505,4 +534,5 @@ def render(report: dict[str, Any]) -> str:
         supported = report["llama_cpp"].get("rpc")
         lines += _section("RPC devices (llama.cpp rpc-server)", _rpc_rows(report["rpc"], supported))
     lines += _section("Keyring", _keyring_rows(report["keyring"]))
+    lines += _section("Safe mode", _safe_mode_rows(report["safe_mode"]))
     return "\n".join(lines).rstrip()

@@ -20,6 +20,7 @@ from typing import Any
 from app import paths
 from app.engine.choice import CHOICES
 from app.engine.drafting import SPECULATION_MODES
+from app.engine.protocol import MIN_CONTEXT
 from app.engine.remote import MODES
 from app.engine.rpc_devices import DROP_CHOICES
 from app.stored import Fields, Stored, Value, boolean, number, one_of, text, whole
@@ -87,7 +88,10 @@ ENGINES = (*CHOICES, "remote")
 _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model_path": (_text_or_none, "a path or null"),
     "engine": (one_of(*ENGINES), "one of " + ", ".join(ENGINES)),
-    "n_ctx": (whole(1, 1 << 24), "a whole number of tokens from 1 to 16777216"),
+    "n_ctx": (
+        whole(MIN_CONTEXT, 1 << 24),
+        f"a whole number of tokens from {MIN_CONTEXT} (the smallest that works) to 16777216",
+    ),
     "n_threads": (lambda v: v is None or whole(1, 4096)(v), "a whole number from 1, or null"),
     "n_gpu_layers": (whole(-1, 1 << 16), "a whole number from -1 (all layers)"),
     "resident_conversations": (whole(1, MAX_RESIDENT), f"a whole number from 1 to {MAX_RESIDENT}"),

@@ -8,9 +8,11 @@ request in flight fails with EngineCrashedError, and the child is restarted with
 
 One crash is different: a child killed by a signal in the first decode after a load (llama.cpp's
 AMX matmul on some Intel CPUs does that). The host then restarts it once with conservative
-settings (engine/safe_mode.py), records that for this model and machine so later starts load it
-that way at once, tells its notice listeners in one line, and sends the decode that was in
-flight again, so the turn completes. A second crash is reported as any other.
+settings (engine/safe_mode.py), records that for this model, machine and load settings so later
+starts with those settings load it that way at once, tells its notice listeners in one line,
+and sends the decode that was in flight again, so the turn completes. A second crash is
+reported as any other. Each `start` asks the records afresh, so a model switch or a changed
+setting leaves safe mode behind; `clear_safe_mode` forgets the record of the model.
 
 An engine split over llama.cpp rpc-servers dies when one of them goes away (ggml-rpc aborts
 its process on a lost server). The host then asks each server whether it still answers and
@@ -162,7 +164,7 @@ class EngineClient:
         self.notices: list[str] = []  # one line each: what the host changed and why
         self._notice_listeners: list[NoticeListener] = []
         self._safe_records = safe_mode.SafeModeRecords()
-        self._safe = False  # conservative settings for this model (a crash, or its record)
+        self._safe = False  # conservative settings for this load (a crash, or its record)
         self._first_decode = True  # no decode has finished since the child loaded
         self._resend: list[tuple] = []  # decodes to send again once the child is ready
         self._backoff_s = tuple(self.BACKOFF_S if backoff_s is None else backoff_s)
@@ -215,13 +217,16 @@ class EngineClient:
         """Spawn the engine process and load the model; raises ModelLoadError with reasons."""
         self._loop = asyncio.get_running_loop()
         self._closing = False
+        self._safe = False  # the options may have changed since: the records decide again
         self._ready = self._loop.create_future()
         self._spawn()
-        return await self._ready
+        info = await self._ready
+        self._say_cut_context(info)
+        return info
 
     def _spawn(self) -> None:
         if not self._safe and self.backend != "remote":
-            record = self._safe_records.lookup(self.backend, self.options.model_path)
+            record = self._safe_records.lookup(self.backend, self.options)
             if record is not None:
                 self._safe = True
                 self._notice(
@@ -267,6 +272,32 @@ class EngineClient:
             self._send(message)
         if ready is not None and not ready.done():
             ready.set_result(info)
+
+    def _say_cut_context(self, info: ModelInfo) -> None:
+        """A context asked past what the model was trained on is cut to it by both local
+        engines (each conversation's window): a notice says so once per start, with both
+        numbers."""
+        asked, trained = self.options.n_ctx, info.n_ctx_train
+        if self.backend == "remote" or self.options.kv_unified or not 0 < trained < asked:
+            return
+        self._notice(
+            f"{info.name} was trained on a context of {trained:,} tokens: each conversation "
+            f"gets {info.n_ctx:,}, not the {asked:,} the settings ask for."
+        )
+
+    def safe_mode(self) -> str | None:
+        """The safe-mode record this model's loads follow, in one sentence (None: none): the
+        model crashed here under these very load settings, so it loads conservatively until
+        they change or the record is cleared."""
+        if self.backend == "remote":
+            return None
+        record = self._safe_records.lookup(self.backend, self.options, expire=False)
+        return safe_mode.words(record) if record else None
+
+    def clear_safe_mode(self) -> None:
+        """Forget that this model crashed here: its next start loads it with its own settings
+        (the running engine keeps its conservative ones until then)."""
+        self._safe_records.clear(self.options.model_path)
 
     async def ready(self) -> ModelInfo:
         """Wait until the engine has a model loaded (after a start or a restart)."""
@@ -585,7 +616,7 @@ class EngineClient:
         ):
             return False
         self._safe = True
-        self._safe_records.record(self.backend, self.options.model_path, reason)
+        self._safe_records.record(self.backend, self.options, reason)
         crash = EngineCrashedError(f"The engine stopped unexpectedly ({reason}). Restarting it.")
         for req_id, pending in list(self._pending.items()):
             if pending in decoding:
@@ -599,7 +630,7 @@ class EngineClient:
         notice = (
             f"The engine crashed in its first decode ({reason}); Stoke restarted it with "
             f"conservative settings ({safe_mode.CHANGES}) and will keep them for this model "
-            "on this machine."
+            "on this machine while its load settings stay as they are."
         )
         self._notice(notice)
         self._restarts.append(time.monotonic())

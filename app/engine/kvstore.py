@@ -8,7 +8,9 @@ never stalls a turn. Files are a cache: one that fails any check is deleted, nev
 
 File layout (little-endian): magic b"STKV", format version (u16), engine tag, model
 fingerprint and key (each a u16 length + utf-8), token count (u32), sha256 of the token bytes,
-sha256 of the payload, payload length (u64); then the tokens as uint32; then the payload.
+sha256 of the payload, payload length (u64); then the tokens as uint32; then the payload. The
+engines open their stores under `model_file.weights_id` as the fingerprint, so a file made
+from other weights that share the model's fingerprint fails the check like any other.
 
 A replacement is written in full beside the old file and renamed over it, so a write that fails
 (a full disk, the budget) leaves the previous snapshot of the key on disk and in the index.

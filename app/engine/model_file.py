@@ -31,6 +31,11 @@ _FORMAT = b"stoke-fingerprint-2"  # bumped when what is hashed changes
 _SPLIT = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _SAFETENSORS_HEADER_MAX = 100 << 20
 _HASH_CHUNK = 8 << 20
+# `weights_id` reads this many blocks of this size per file, evenly spread (a file no larger
+# is read whole): 16 MiB, 20 ms on the default model and 22-42 ms on a sparse 148 GiB file
+# here, where a full hash would take minutes (docs/reliability.md).
+_SAMPLE_BLOCKS = 256
+_SAMPLE_BLOCK = 64 << 10
 _CACHE_NAME = "model-hashes.json"
 _ARCH_WITHIN = 64  # metadata entries searched for the architecture, which writers put first
 
@@ -104,11 +109,12 @@ def fingerprint(path: str | os.PathLike[str], *, hash_content: bool = True) -> s
     A GGUF (every part of a split set) is named by each part's size, mtime and a hash of its
     whole header: metadata, tokenizer and every tensor's name, shape, type and offset. Weights
     rewritten in place change the mtime; a different layout changes the header. The hash of
-    the full content is computed once per (path, size, mtime) in the background
+    the full content is computed once per (path, size, mtime, ctime) in the background
     (`hash_content`; never on the load path) and cached: it tells apart two files whose size,
     mtime and header all agree but whose weights do not (a copy that kept the mtime), which
-    from then on get their own fingerprint. An MLX folder is named by its config and each
-    shard's name, size, mtime and safetensors header.
+    from then on get their own fingerprint. Until then KV snapshots are kept apart by
+    `weights_id`. An MLX folder is named by its config and each shard's name, size, mtime and
+    safetensors header.
     """
     file = Path(path)
     if file.is_dir():
@@ -117,9 +123,39 @@ def fingerprint(path: str | os.PathLike[str], *, hash_content: bool = True) -> s
 
 
 def content_hash(path: str | os.PathLike[str]) -> str:
-    """The sha256 of a whole file, from the cache when its path, size and mtime are unchanged;
-    otherwise read in full (what the background hash of `fingerprint` runs)."""
+    """The sha256 of a whole file, from the cache when its path, size, mtime and ctime are
+    unchanged; otherwise read in full (what the background hash of `fingerprint` runs)."""
     return _content_hashes.compute(Path(path))
+
+
+def weights_id(path: str | os.PathLike[str], fingerprint: str) -> str:
+    """What KV snapshots of a model are made from: its fingerprint and a sample of its bytes.
+
+    The fingerprint trusts size, mtime and header until the content hash, made in the
+    background and perhaps never in this home (a one-shot turn exits first), says otherwise:
+    weights rewritten in place with the mtime put back (`touch -r`, a copy that kept it) keep
+    all three. So every store of snapshots is opened under this id, on every load: each file
+    of the model (every part of a split GGUF, every shard of an MLX folder) read in
+    `_SAMPLE_BLOCKS` blocks evenly spread from its first byte to its last, whole when it is
+    no larger, hashed with its size. Snapshots made from other weights then fail the store's
+    check and are dropped; a change that misses every block is left to the content hash,
+    which names the file apart once done (`fingerprint`)."""
+    model = Path(path)
+    files = sorted(model.glob("*.safetensors")) if model.is_dir() else _parts(model)
+    digest = hashlib.sha256(b"stoke-weights-1")
+    for file in files:
+        with file.open("rb", buffering=0) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            digest.update(f"{size}:".encode())
+            if size <= _SAMPLE_BLOCKS * _SAMPLE_BLOCK:
+                while chunk := fh.read(_HASH_CHUNK):
+                    digest.update(chunk)
+                continue
+            last = size - _SAMPLE_BLOCK
+            for n in range(_SAMPLE_BLOCKS):
+                at = last * n // (_SAMPLE_BLOCKS - 1)
+                digest.update(os.pread(fh.fileno(), _SAMPLE_BLOCK, at))
+    return f"{fingerprint}-{digest.hexdigest()[:16]}"
 
 
 def _quick(file: Path) -> str:
@@ -168,7 +204,8 @@ def _folder_fingerprint(folder: Path) -> str:
 
 
 class _ContentHashes:
-    """Full-content hashes of model files, cached in the cache dir by (path, size, mtime).
+    """Full-content hashes of model files, cached in the cache dir by (path, size, mtime,
+    ctime): weights rewritten in place keep size and (put back) mtime, but not the ctime.
 
     `owners` remembers, for each cheap fingerprint, the content of the first file hashed under
     it; a later file with the same cheap fingerprint but other content is a different model
@@ -253,8 +290,10 @@ class _ContentHashes:
 
 
 def _stamp(file: Path) -> list[int]:
+    """What a cached hash is kept by: size, mtime and ctime (a write or `touch -r` moves it;
+    entries without it, from before, are hashed again once)."""
     st = file.stat()
-    return [st.st_size, st.st_mtime_ns]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _hash_file(file: Path) -> str:
@@ -280,7 +319,7 @@ HASHES_FILE = Stored(
             "files": Entries(
                 Fields(
                     {
-                        "stamp": Value(of_type(tuple[int, int]), "a size and a time"),
+                        "stamp": Value(of_type(tuple[int, ...]), "a size and its times"),
                         "quick": Value(text, "a fingerprint"),
                         "sha256": _SHA256,
                     },

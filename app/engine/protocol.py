@@ -112,6 +112,24 @@ class LoadOptions:
     exact_batches: bool = False
 
 
+# The smallest context a local load accepts. llama.cpp gives each conversation its context in
+# steps of 256 tokens (a smaller n_ctx still costs 256 cells) while it caps a batch at the
+# context asked for: n_ctx 1 in four streams took batches of 4 tokens, and the chat template
+# alone is dozens of tokens. Below this, a load stops in words (`check_context`).
+MIN_CONTEXT = 256
+
+
+def check_context(options: LoadOptions) -> None:
+    """ModelLoadError, in words, for a context too small to hold a conversation; the engines
+    cut one larger than the model was trained on to the trained length themselves."""
+    if options.n_ctx < MIN_CONTEXT:
+        tokens = "token" if options.n_ctx == 1 else "tokens"
+        raise ModelLoadError(
+            f"A context of {options.n_ctx:,} {tokens} cannot hold a conversation: the smallest "
+            f"that works is {MIN_CONTEXT} tokens. Set the context size to {MIN_CONTEXT} or more."
+        )
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings. temperature <= 0 means greedy (argmax), deterministic."""

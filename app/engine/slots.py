@@ -30,6 +30,7 @@ import numpy as np
 from app.engine.draft_model import drafters_for
 from app.engine.drafting import Drafter
 from app.engine.kvstore import KVStore, common_prefix
+from app.engine.model_file import weights_id
 from app.engine.protocol import (
     CancelToken,
     ContextOverflowError,
@@ -139,10 +140,12 @@ class SlotEngine(Generic[S]):
     def _open_store(
         self, options: LoadOptions, fingerprint: str, directory: Path | None = None
     ) -> None:
-        """The snapshot tiers for the loaded model, when the options ask for snapshots."""
+        """The snapshot tiers for the loaded model, when the options ask for snapshots: under
+        the weights' id, so snapshots of other weights behind the same fingerprint are
+        dropped, never restored."""
         if options.snapshots:
             self._kv = KVStore(
-                fingerprint,
+                weights_id(options.model_path, fingerprint),
                 self.backend_name,
                 ram_budget=options.kv_ram_budget,
                 disk_budget=options.kv_disk_budget,

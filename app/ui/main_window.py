@@ -67,6 +67,7 @@ from app.ui.models import ModelsDialog
 from app.ui.notify import ReplyNotifier
 from app.ui.panels import Panels, scrolling
 from app.ui.remote_settings import RemoteSettingsDialog
+from app.ui.safe_mode_line import SafeModeLine
 from app.ui.settings_panel import ConversationSettings
 from app.ui.sidebar import Sidebar
 from app.ui.speculation_dialog import SpeculationDialog
@@ -150,9 +151,19 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(self.splitter)
 
         self.conversation_settings = ConversationSettings(self.store, self)
+        self.safe_mode_line = SafeModeLine(session.engine, self)  # the model's, above them
+        self.safe_mode_line.cleared.connect(
+            lambda: self.model_switcher.reload("Safe mode cleared", self.model_switcher.loaded)
+        )
+        dock_body = QWidget(self)
+        dock_column = QVBoxLayout(dock_body)
+        dock_column.setContentsMargins(0, 0, 0, 0)
+        dock_column.setSpacing(0)
+        dock_column.addWidget(self.safe_mode_line)
+        dock_column.addWidget(scrolling(self.conversation_settings), 1)
         self.settings_dock = QDockWidget("Conversation settings", self)
         self.settings_dock.setObjectName("settings-dock")
-        self.settings_dock.setWidget(scrolling(self.conversation_settings))
+        self.settings_dock.setWidget(dock_body)
         self.settings_dock.setAccessibleName("Conversation settings")
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.settings_dock)
         self.settings_dock.hide()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -232,11 +234,13 @@ def test_mlx_snapshot_that_is_no_prompt_cache_is_prefilled_instead(model_path):
     from app.engine.kvstore import KVStore
     from app.engine.mlx.backend import SNAPSHOT_FOLDER, MlxEngine
     from app.engine.mlx.models import load_tokenizer
-    from app.engine.model_file import fingerprint
+    from app.engine.model_file import fingerprint, weights_id
 
     key = fingerprint(model_path)
     tokens = load_tokenizer(model_path).tokenize(STORY[:400])
-    store = KVStore(key, "mlx", directory=paths.kv_dir(key) / SNAPSHOT_FOLDER)
+    store = KVStore(
+        weights_id(model_path, key), "mlx", directory=paths.kv_dir(key) / SNAPSHOT_FOLDER
+    )
     store.put("talk", tokens, b"not a prompt cache")
     store.close()
     engine = MlxEngine()
@@ -247,3 +251,55 @@ def test_mlx_snapshot_that_is_no_prompt_cache_is_prefilled_instead(model_path):
         engine.unload()
     assert stats.restored_tokens == 0 and stats.prefilled_tokens == len(tokens) > 32
     assert stats.finish_reason == FinishReason.PREFILLED
+
+
+@pytest.mark.parametrize("hashed", [True, False], ids=["hash-made", "no-hash"])
+def test_other_weights_behind_the_same_name_size_mtime_and_header_never_restore_old_kv(
+    store: ConversationStore,
+    tiny_model: str,
+    tmp_path: Path,
+    run,
+    monkeypatch: pytest.MonkeyPatch,
+    hashed: bool,
+):
+    """Weights rewritten in place, `touch -r` putting the mtime back: the fingerprint is the
+    same and the old KV was restored (`reused_tokens: 120`), whether or not a content hash had
+    been made in this home (issue 33). Now the store's id samples the weights: the turn
+    prefills afresh and answers."""
+    import tests.tiny_model
+    from app.engine.model_file import content_hash
+    from app.models.default import default_model_path
+
+    model = Path(shutil.copy2(tiny_model, tmp_path / "model.gguf"))
+    conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 8})
+
+    async def turn(text: str):
+        session = await start_session(store, str(model))
+        try:
+            return await session.send(conversation.id, text)
+        finally:
+            await session.engine.close()  # snapshots the conversation
+
+    run(turn(STORY))
+    same = run(turn("And then?"))  # the same weights: the snapshot is restored
+    assert same.stats.restored_tokens > 100 > same.stats.prefilled_tokens
+    if hashed:
+        content_hash(model)  # the old weights' hash made and kept in this home
+    else:
+        (paths.cache_dir() / "model-hashes.json").unlink(missing_ok=True)
+
+    stamp = model.stat()
+    monkeypatch.setattr(tests.tiny_model, "SEED", tests.tiny_model.SEED + 1)
+    other = tests.tiny_model.write_tiny_chat_model(default_model_path(), tmp_path / "other.gguf")
+    with model.open("r+b") as weights:  # in place, the header byte for byte the same
+        weights.write(other.read_bytes())
+    os.utime(model, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert (
+        model.stat().st_size == stamp.st_size
+        and model.read_bytes() != Path(tiny_model).read_bytes()
+    )
+
+    fresh = run(turn("What next?"))
+    assert fresh.status == "complete" and fresh.stats.generated_tokens >= 1
+    assert fresh.stats.reused_tokens == 0 and fresh.stats.restored_tokens == 0
+    assert fresh.stats.prefilled_tokens == fresh.stats.prompt_tokens

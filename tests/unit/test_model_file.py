@@ -252,6 +252,20 @@ def test_the_content_hash_is_cached_by_path_size_and_mtime(
     assert content_hash(path) == "new" and calls == [path.resolve()]
 
 
+def test_weights_rewritten_in_place_with_the_mtime_put_back_are_hashed_again(
+    tmp_path: Path,
+) -> None:
+    """Size and mtime are what `touch -r` restores; the ctime it cannot (issue 33)."""
+    path = big_model(tmp_path / "model.gguf")
+    before = content_hash(path)
+    kept = tmp_path / "stamp"
+    kept.touch()
+    same_stamp(kept, path)
+    poke(path, path.stat().st_size // 2)
+    same_stamp(path, kept)
+    assert content_hash(path) == hashlib.sha256(path.read_bytes()).hexdigest() != before
+
+
 def test_a_copy_with_the_same_mtime_but_other_weights_is_told_apart(tmp_path: Path) -> None:
     original = big_model(tmp_path / "original.gguf")
     kept = fingerprint(original, hash_content=False)
@@ -275,6 +289,47 @@ def test_a_copy_with_the_same_mtime_but_other_weights_is_told_apart(tmp_path: Pa
     shutil.copy2(original, twin)
     content_hash(twin)
     assert fingerprint(twin, hash_content=False) == kept
+
+
+def _negate_weights(path: Path, data_offset: int) -> None:
+    """Other weights of the same size: every float of the tensor data negated in place."""
+    with path.open("r+b") as f:
+        f.seek(data_offset)
+        weights = np.frombuffer(f.read(), np.float32)
+        f.seek(data_offset)
+        f.write((-(weights + 1)).tobytes())
+
+
+def test_the_weights_id_tells_apart_what_the_fingerprint_cannot(tmp_path: Path) -> None:
+    """Other weights of the same size, header and mtime, and no content hash made yet: the
+    fingerprint is the same, the id KV snapshots are kept under is not (issue 33)."""
+    from app.engine.gguf_header import open_header
+
+    path = big_model(tmp_path / "model.gguf")  # 48 MiB: read in sampled blocks
+    quick = fingerprint(path, hash_content=False)
+    before = model_file.weights_id(path, quick)
+    assert model_file.weights_id(path, quick) == before
+    kept = tmp_path / "stamp"
+    kept.touch()
+    same_stamp(kept, path)
+    with open_header(path) as header:
+        data_offset = header.data_offset
+    _negate_weights(path, data_offset)
+    same_stamp(path, kept)
+
+    assert fingerprint(path, hash_content=False) == quick
+    after = model_file.weights_id(path, quick)
+    assert after != before and after.startswith(f"{quick}-")
+
+
+def test_a_small_model_is_read_whole_for_its_weights_id(tmp_path: Path) -> None:
+    path = gguf_model(tmp_path / "small.gguf", {"w.weight": np.ones((64, 64), np.float32)})
+    before = model_file.weights_id(path, "fp")
+    size = path.stat().st_size
+    flipped = bytes([path.read_bytes()[size - 5] ^ 0xFF])
+    poke(path, size - 5, flipped)  # one byte: a model no larger than the sample is read whole
+    assert path.stat().st_size == size
+    assert model_file.weights_id(path, "fp") != before
 
 
 def test_fingerprint_of_an_mlx_folder_sees_each_shard(tmp_path: Path) -> None:

@@ -57,6 +57,19 @@ def test_a_wrong_field_falls_back_alone_and_is_named() -> None:
     assert Settings.load_checked() == (settings, None)
 
 
+@pytest.mark.parametrize("n_ctx", [1, 255])
+def test_a_context_too_small_to_work_is_refused_in_words(n_ctx: int) -> None:
+    """n_ctx 1 passed this check and then aborted the engine (issue 33): llama.cpp's batches
+    are capped at the context asked for, and a conversation needs more than a few tokens."""
+    settings_file(json.dumps({"n_ctx": n_ctx}))
+    settings, problem = Settings.load_checked()
+    assert settings.n_ctx == Settings().n_ctx
+    assert problem is not None
+    assert f"n_ctx = {n_ctx} is not a whole number of tokens from 256 (the smallest" in problem
+    settings_file(json.dumps({"n_ctx": 256}))
+    assert Settings.load_checked() == (Settings(n_ctx=256), None)
+
+
 def test_every_damaged_copy_is_kept() -> None:
     folder = paths.config_dir()
     for text in ("{first", "{second", "null"):

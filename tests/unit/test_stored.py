@@ -16,6 +16,7 @@ import pytest
 
 from app import paths, presets
 from app.engine import model_file
+from app.engine.protocol import LoadOptions
 from app.engine.safe_mode import SafeModeRecords
 from app.models import load_settings
 from app.models.library import Library
@@ -191,7 +192,9 @@ OWNED = {
         "engine-safe-mode.json",
         None,
         False,
-        lambda tmp_path, _: SafeModeRecords().lookup("llama.cpp", str(a_file(tmp_path))),
+        lambda tmp_path, _: SafeModeRecords().lookup(
+            "llama.cpp", LoadOptions(str(a_file(tmp_path)))
+        ),
     ),
 }
 
@@ -254,13 +257,14 @@ def test_what_survives_is_kept_and_a_cache_is_rebuilt_without_a_copy(
 ) -> None:
     model = a_file(tmp_path)
     records = SafeModeRecords()
-    records.record("llama.cpp", str(model), "crashed")
+    options = LoadOptions(str(model))
+    records.record("llama.cpp", options, "crashed")
     data = json.loads(records.path.read_text())
     (key,) = data
     data[key]["reason"] = ["not words"]
     data["other"] = "not a record"
     records.path.write_text(json.dumps(data))
-    found = records.lookup("llama.cpp", str(model))
+    found = records.lookup("llama.cpp", options)
     assert found is not None and found["model"] == "model.gguf" and "reason" not in found
     (said,) = warnings(caplog)
     assert key[:20] in said and '.reason = ["not words"] is not words' in said

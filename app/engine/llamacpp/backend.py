@@ -46,6 +46,7 @@ from app.engine.protocol import (
     ModelInfo,
     ModelLoadError,
     SamplingParams,
+    check_context,
 )
 from app.engine.runtime import Slot
 from app.engine.safe_mode import is_conservative
@@ -394,6 +395,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
 
     def load(self, options: LoadOptions) -> ModelInfo:
         self.unload()
+        check_context(options)
         path = check_gguf(options.model_path)
         mparams = cpu_buffers.model_params(options.cpu_buffers)  # this CPU's safe types
         mparams.n_gpu_layers = options.n_gpu_layers
@@ -430,6 +432,11 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
                     f"{reason}. Try a smaller context size or fewer conversations kept loaded."
                 )
             stack.enter_context(ctx)
+            # llama.cpp caps a batch at the context asked for (n_ctx 300 in one stream: 300)
+            # and aborts the process on a longer one, so prefill chunks keep to its cap.
+            options = replace(
+                options, n_batch=min(options.n_batch, llama_cpp.llama_n_batch(ctx.ptr))
+            )
             batch = stack.enter_context(LlamaBatch(options.n_batch))
             self._model, self._ctx, self._batch, self._options = model, ctx, batch, options
             self._verify_exact = verifies_exactly(options, model, path)

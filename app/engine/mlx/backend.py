@@ -41,7 +41,13 @@ from app.engine.logprobs import NO_SCORES, Scores
 from app.engine.logprobs import scores as logprob_scores
 from app.engine.mlx.models import LoadedModel, load_model
 from app.engine.mtp import HiddenRows, MtpDrafter
-from app.engine.protocol import EngineError, LoadOptions, ModelInfo, SamplingParams
+from app.engine.protocol import (
+    EngineError,
+    LoadOptions,
+    ModelInfo,
+    SamplingParams,
+    check_context,
+)
 from app.engine.runtime import Slot
 from app.engine.slots import SlotEngine
 
@@ -160,6 +166,7 @@ class MlxEngine(SlotEngine[_Slot]):
 
     def load(self, options: LoadOptions) -> ModelInfo:
         self.unload()
+        check_context(options)
         loaded = load_model(options.model_path)
         mx.eval(loaded.model.parameters())
         self._loaded, self._options = loaded, options
