@@ -1,8 +1,9 @@
 // Metal Shading Language on CPU threads: enough of MSL to compile the indexer's Metal kernels,
-// exactly as MLX's metal_kernel wraps them, with g++ and run them on std::threads.
+// exactly as MLX's metal_kernel wraps them, with g++ and run them on one CPU thread.
 //
-// One std::thread per Metal thread; the threads of one threadgroup run together, threadgroups
-// one after another. threadgroup_barrier is a std::barrier over the group; a SIMD-group (32
+// One fiber (a ucontext) per Metal thread; the threads of one threadgroup run together,
+// switching at barriers, threadgroups one after another. threadgroup_barrier is a barrier over
+// the group; a SIMD-group (32
 // lanes, Apple's width) exchanges values through per-lane slots between two barriers of its
 // own. A thread that returns drops out of both barriers, and a barrier or SIMD function reached
 // after some of its group (or SIMD-group) returned stops the program: on a GPU that is a
@@ -15,17 +16,17 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <sys/mman.h>
+#include <ucontext.h>
 
 typedef unsigned char uchar;
 typedef unsigned short ushort;
@@ -142,32 +143,51 @@ struct Position {
   uint3 threads_per_threadgroup;
 };
 
+// The fibers of one threadgroup on one OS thread: each Metal thread runs on a ucontext of its
+// own, until it reaches a barrier it must wait at or returns; the scheduler then resumes the
+// next. Cooperative switching instead of an OS thread per Metal thread: a group of 1024
+// threads is 1024 context switches per barrier, not 1024 threads fighting over two cores.
+struct Scheduler {
+  ucontext_t main{};
+  std::vector<ucontext_t> fibers;
+  std::vector<char> done;
+  int current = 0;
+  long progress = 0;  // barrier phases completed and threads ended: a pass without any is a hang
+};
+inline Scheduler scheduler;
+
+inline void yield() {
+  swapcontext(&scheduler.fibers[size_t(scheduler.current)], &scheduler.main);
+}
+
 // A barrier that stops the program when a phase completes with some threads waiting and
-// others already returned: those never reach it (a divergent barrier on a GPU).
-struct Phase {
-  std::atomic<int> waiting{0};
-  std::atomic<int> returned{0};
-  const char* what;
-};
-struct CheckPhase {
-  Phase* phase;
-  void operator()() noexcept {
-    if (phase->waiting.load() && phase->returned.load()) fail(phase->what);
-    phase->waiting.store(0);
-  }
-};
+// others already returned: those never reach it (a divergent barrier on a GPU). A thread that
+// returns arrives for the phase under way and is no longer expected in the next ones (as
+// std::barrier's arrive_and_drop).
 struct Barrier {
-  Barrier(int n, const char* what) : phase{0, 0, what}, barrier(n, CheckPhase{&phase}) {}
+  Barrier(int n, const char* what) : pending(n), expected(n), what(what) {}
   void wait() {
-    phase.waiting.fetch_add(1);
-    barrier.arrive_and_wait();
+    ++waiting;
+    const long phase = generation;
+    if (--pending == 0) return complete();
+    while (generation == phase) yield();
   }
   void leave() {
-    phase.returned.fetch_add(1);
-    barrier.arrive_and_drop();
+    ++returned;
+    --expected;
+    if (--pending == 0) complete();
   }
-  Phase phase;
-  std::barrier<CheckPhase> barrier;
+  void complete() {
+    if (waiting && returned) fail(what);
+    waiting = 0;
+    pending = expected;
+    ++generation;
+    ++scheduler.progress;
+  }
+  int pending, expected;
+  int waiting = 0, returned = 0;
+  long generation = 0;
+  const char* what;
 };
 
 struct Group {
@@ -190,7 +210,7 @@ struct Self {
   Group* group;
   int tid;
 };
-inline thread_local Self self;
+inline Self self;  // the running fiber's: the scheduler sets it before each switch
 
 inline void simd_sync() { self.group->simd[self.tid / kSimdWidth]->wait(); }
 
@@ -216,13 +236,59 @@ std::array<T, kSimdWidth> simd_gather(const T& mine) {
 
 inline int lane_id() { return self.tid % kSimdWidth; }
 
-// Runs one thread of a group; a return drops it from the group's barriers.
-template <class Body>
-void run_thread(Group* group, int tid, const Position& position, const Body& body) {
-  self = {group, tid};
-  body(position);
-  group->simd[tid / kSimdWidth]->leave();
+// Each fiber's stack: kernels keep their `thread` arrays there. Reserved once, touched only
+// as deep as a kernel goes.
+constexpr size_t kStackBytes = size_t(1) << 20;
+inline char* stacks(int n) {
+  static char* base = nullptr;
+  if (base == nullptr) {
+    void* got = mmap(nullptr, kStackBytes * 1024, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    if (got == MAP_FAILED) fail("no memory for the threads' stacks");
+    base = static_cast<char*>(got);
+  }
+  return n <= 1024 ? base : nullptr;
+}
+
+// The fibers' entry (makecontext passes no pointer portably): runs the current thread's body
+// through the dispatch's type-erased call, then drops it from its group's barriers.
+inline const void* running_body = nullptr;
+inline void (*run_body)(const void*, int) = nullptr;
+inline void fiber_entry() {
+  const int tid = scheduler.current;
+  Group* group = self.group;
+  run_body(running_body, tid);
+  group->simd[size_t(tid / kSimdWidth)]->leave();
   group->all.leave();
+  scheduler.done[size_t(tid)] = 1;
+  ++scheduler.progress;
+}
+
+// Runs a group's n threads to their ends, each up to its next wait in turn.
+inline void run_group(Group& group, int n) {
+  char* stack = stacks(n);
+  scheduler.fibers.assign(size_t(n), ucontext_t{});
+  scheduler.done.assign(size_t(n), 0);
+  for (int t = 0; t < n; ++t) {
+    ucontext_t& fiber = scheduler.fibers[size_t(t)];
+    getcontext(&fiber);
+    fiber.uc_stack.ss_sp = stack + size_t(t) * kStackBytes;
+    fiber.uc_stack.ss_size = kStackBytes;
+    fiber.uc_link = &scheduler.main;
+    makecontext(&fiber, fiber_entry, 0);
+  }
+  for (int alive = n; alive > 0;) {
+    const long before = scheduler.progress;
+    for (int t = 0; t < n; ++t) {
+      if (scheduler.done[size_t(t)]) continue;
+      scheduler.current = t;
+      self = {&group, t};
+      swapcontext(&scheduler.main, &scheduler.fibers[size_t(t)]);
+      if (scheduler.done[size_t(t)]) --alive;
+    }
+    if (alive > 0 && scheduler.progress == before)
+      fail("the threads of a group wait at different barriers and none can go on");
+  }
 }
 
 // MTLComputeCommandEncoder dispatchThreads: `grid` counts threads, groups at the far edges
@@ -241,11 +307,9 @@ void dispatch_threads(uint3 grid, uint3 group_size, const Body& body) {
         uint3 actual;
         for (int d = 0; d < 3; ++d) actual[d] = std::min(tg[d], grid[d] - gpos[d] * tg[d]);
         const int n = int(actual.x * actual.y * actual.z);
-        Group group(n);
-        std::vector<std::thread> threads;
-        threads.reserve(n);
+        std::vector<Position> positions(static_cast<size_t>(n));
         for (int t = 0; t < n; ++t) {
-          Position p{};
+          Position& p = positions[size_t(t)];
           p.thread_position_in_threadgroup =
               uint3(t % actual.x, t / actual.x % actual.y, t / (actual.x * actual.y));
           p.threadgroup_position_in_grid = gpos;
@@ -268,9 +332,18 @@ void dispatch_threads(uint3 grid, uint3 group_size, const Body& body) {
           p.grid_origin = uint3(0u);
           p.thread_execution_width = kSimdWidth;
           p.threads_per_simdgroup = kSimdWidth;
-          threads.emplace_back([&group, t, p, &body] { run_thread(&group, t, p, body); });
         }
-        for (auto& thread : threads) thread.join();
+        struct Call {
+          const Body& body;
+          const std::vector<Position>& positions;
+        } call{body, positions};
+        running_body = &call;
+        run_body = [](const void* c, int t) {
+          const Call& it = *static_cast<const Call*>(c);
+          it.body(it.positions[size_t(t)]);
+        };
+        Group group(n);
+        run_group(group, n);
       }
 }
 

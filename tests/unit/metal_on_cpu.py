@@ -40,11 +40,11 @@ class EmulationError(RuntimeError):
 
 
 def compiler() -> str | None:
-    """A C++20 compiler with <barrier>, or None."""
+    """A C++20 compiler with ucontext (the threads' fibers), or None."""
     found = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if found is None:
         return None
-    probe = "#include <barrier>\nint main() { std::barrier<> b(1); }\n"
+    probe = "#include <ucontext.h>\nint main() { ucontext_t c; return getcontext(&c); }\n"
     done = subprocess.run(
         [found, *FLAGS, "-x", "c++", "-", "-o", os.devnull],
         input=probe,
@@ -210,7 +210,7 @@ def build(source: str, cxx: str, *, link: bool = True) -> Path:
 
 
 class EmulatedKernel:
-    """A stand-in for mx.fast.metal_kernel's result that runs the kernel on CPU threads."""
+    """A stand-in for mx.fast.metal_kernel's result that runs the kernel on a CPU thread."""
 
     def __init__(
         self,
@@ -252,7 +252,7 @@ class EmulatedKernel:
     ) -> list[mx.array]:
         cxx = compiler()
         if cxx is None:
-            raise EmulationError("no C++20 compiler with <barrier>")
+            raise EmulationError("no C++20 compiler with ucontext")
         call = dict(
             output_shapes=output_shapes,
             output_dtypes=output_dtypes,

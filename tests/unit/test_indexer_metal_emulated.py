@@ -1,4 +1,4 @@
-"""The Metal kernels' own source text, compiled as C++ and run on CPU threads, against the
+"""The Metal kernels' own source text, compiled as C++ and run on a CPU thread, against the
 reference.
 
 test_indexer_metal.py needs an Apple GPU and the NumPy model (test_indexer_metal_model.py)
@@ -13,8 +13,10 @@ coordinate that differs from the scorer's epilogue, or an input MLX puts in the 
 address space (fewer than 8 elements) being read through a `device` pointer fails in CI.
 
 What the emulation cannot show (run test_indexer_metal.py on a Mac for these):
-- Memory ordering and races: threads are std::threads and barriers std::barrier, which
-  orders all memory; a GPU-only race or a barrier with the wrong mem_flags passes here.
+- Memory ordering and races: the threads of a group are fibers on one CPU thread, switched
+  only at barriers, so all memory is ordered; a GPU-only race or a barrier with the wrong
+  mem_flags passes here (a read of what another thread writes with no barrier between them
+  reads it unwritten, and fails).
 - simdgroup_matrix's lane layout is MLX's BaseMMAFrag::get_coord (the layout MLX's own GEMMs
   rely on), not measured on hardware; the kernels use the same formula, so a mismatch
   between them fails here, a mismatch between MLX and the hardware would not.

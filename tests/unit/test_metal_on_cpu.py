@@ -12,7 +12,7 @@ import pytest
 from tests.unit import metal_on_cpu
 
 pytestmark = pytest.mark.skipif(
-    metal_on_cpu.compiler() is None, reason="no C++20 compiler with <barrier>"
+    metal_on_cpu.compiler() is None, reason="no C++20 compiler with ucontext"
 )
 
 SIMD = """
@@ -42,7 +42,7 @@ def launch(
     group: tuple[int, int, int],
     **kwargs: list[str],
 ) -> list[mx.array]:
-    """Runs `source` as MLX would wrap it (inputs named x unless told), on CPU threads."""
+    """Runs `source` as MLX would wrap it (inputs named x unless told), on a CPU thread."""
     kernel = metal_on_cpu.EmulatedKernel(
         name="probe",
         input_names=kwargs.pop("input_names", ["x"]),
@@ -161,6 +161,17 @@ def test_a_simd_function_after_some_lanes_returned_stops_the_kernel() -> None:
 """
     with pytest.raises(metal_on_cpu.EmulationError, match="SIMD-group function was reached"):
         launch(source, [mx.zeros(8)], [(32,)], [mx.float32], (32, 1, 1), (32, 1, 1))
+
+
+def test_threads_waiting_at_different_barriers_stop_the_kernel() -> None:
+    """A hang on a GPU: half of the second SIMD-group waits at a SIMD exchange, the rest of the
+    group at a threadgroup barrier, and neither barrier can complete."""
+    source = """
+  if (thread_index_in_threadgroup < 48) threadgroup_barrier(mem_flags::mem_threadgroup);
+  else out[thread_index_in_threadgroup] = simd_sum(x[0]);
+"""
+    with pytest.raises(metal_on_cpu.EmulationError, match="wait at different barriers"):
+        launch(source, [mx.zeros(8)], [(64,)], [mx.float32], (64, 1, 1), (64, 1, 1))
 
 
 def test_a_constant_buffer_does_not_bind_to_a_device_pointer() -> None:
