@@ -64,8 +64,10 @@ async def open_window(
 
 
 async def shutdown(window: MainWindow, session: ChatSession) -> None:
-    """Stop the reply, let background work end, and close engine, downloads and store."""
+    """Stop the reply and the background prefills (quitting never waits for a conversation's
+    warm-up), let snapshots end, and close engine, downloads and store."""
     session.cancel()
+    window.prewarm.cancel()
     await window.api_server.stop()
     await window.prewarm.idle()
     # Running downloads stay marked running: the next start resumes them.

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QLabel, QPushButton, QTextBrowser, QWidget
 from app.engine.protocol import LoadOptions
 from app.ui.app import open_window
 from app.ui.main_window import MainWindow
+from tests.gui.chat_seed import seed_long
 from tests.gui.harness import Harness
 
 
@@ -224,3 +225,15 @@ def test_closing_saves_the_typed_draft_and_stops_its_pending_save(harness: Harne
     window.close()  # as the harness stops it, outside the loop (closing it ends the loop)
     assert not window.composer._settle.isActive()
     assert window.store.get_draft(conversation) == "Half a thought"
+
+
+def test_quitting_does_not_wait_for_a_conversations_warm_up(harness: Harness):
+    """Opening a long conversation starts prefilling its history in the background; quitting
+    right after stops that prefill instead of waiting for it to end."""
+    window = harness.start()
+    conversation = seed_long(window.store)
+    harness.act(lambda: window.open_conversation(conversation))
+    prewarm = window.prewarm
+    assert prewarm._tasks  # the warm-up is under way
+    harness.stop()
+    assert conversation not in prewarm.last and not prewarm._tasks

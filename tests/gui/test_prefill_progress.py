@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QFrame, QLabel, QTextBrowser, QToolButton, QWidget
 from app.ui.message_widget import EMPTY_STOP_MARK
 from tests.gui.harness import Harness
 
-LONG = "The harbour town woke slowly in winter, and the ferry sounded its horn twice. " * 160
+LONG = "The harbour town woke slowly in winter, and the ferry sounded its horn twice. " * 100
 _SHOWN = re.compile(r"Reading the prompt… ([\d,]+) / ([\d,]+) tokens")
 
 
