@@ -1,8 +1,11 @@
 """Shared fixtures: every test gets its own STOKE_HOME, so nothing touches the user's data.
 
 Each home starts with this machine's CPU buffer-type verdict (engine/llamacpp/cpu_buffers.py),
-probed once per test run, so every engine a test starts loads with the same safe buffer types
-as the app would, without probing again in each fresh home. Tests of the probe itself remove it.
+so every engine a test starts loads with the same safe buffer types as the app would, without
+probing again in each fresh home. It is probed once and kept in build/test-cache/ under the
+verdict's own key (this CPU and llama.cpp build), shared by the pytest-xdist workers (a file
+lock: the first probes, the others read) and by the window tests' process and later runs.
+Tests of the probe itself remove it from their home and probe again.
 
 Qt runs offscreen in every test process, not only the window's: a test outside tests/gui that
 makes a QApplication (the packaging icons) would otherwise abort the whole process where no
@@ -16,18 +19,20 @@ import shutil
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tests.crash_log import pytest_configure, pytest_runtest_logstart  # noqa: F401 (its hooks)
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 VERDICT_FILE = "cpu-buffers.json"
+SHARED_VERDICT = Path(__file__).resolve().parents[1] / "build" / "test-cache" / VERDICT_FILE
 
 
 @pytest.fixture(scope="session")
 def cpu_buffer_verdict(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The probed verdict file, made once in a home of its own (none where llama.cpp is not
-    importable: the GPU machine runs the MLX suite in a process without it)."""
+    """The probed verdict file (none where llama.cpp is not importable: the GPU machine runs
+    the MLX suite in a process without it)."""
     home = tmp_path_factory.mktemp("verdict-home")
     try:
         from app.engine.llamacpp import cpu_buffers
@@ -36,7 +41,12 @@ def cpu_buffer_verdict(tmp_path_factory: pytest.TempPathFactory) -> Path:
     previous = os.environ.get("STOKE_HOME")
     os.environ["STOKE_HOME"] = str(home)
     try:
-        cpu_buffers.machine_verdict(cache=home / "cache" / VERDICT_FILE)
+        SHARED_VERDICT.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{SHARED_VERDICT}.lock"):
+            cpu_buffers.machine_verdict(cache=SHARED_VERDICT)
+        if SHARED_VERDICT.exists():
+            (home / "cache").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(SHARED_VERDICT, home / "cache" / VERDICT_FILE)
     finally:
         if previous is None:
             os.environ.pop("STOKE_HOME", None)
