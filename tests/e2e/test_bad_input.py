@@ -1,4 +1,7 @@
-"""Every bad input a user can reach gives words, not a traceback, and loses nothing."""
+"""Every bad input a user can reach gives words, not a traceback, and loses nothing.
+
+The words and the store's care are the app's, whatever model answers, so the turns run on the
+tests' tiny model (tests/tiny_model.py: SmolLM2's tokenizer and template, random weights)."""
 
 from __future__ import annotations
 
@@ -28,17 +31,25 @@ def stoke(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     )
 
 
-def one_shot(*args: str) -> tuple[int, dict]:
-    done = stoke("chat", "--json", "--temperature", "0", "--max-tokens", "16", *args)
+def one_shot(model: str, *args: str) -> tuple[int, dict]:
+    done = stoke(
+        "chat", "--model", model, "--json", "--temperature", "0", "--max-tokens", "16", *args
+    )
     assert "Traceback" not in done.stderr + done.stdout
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_one_shot_json_new_then_continue():
-    code, first = one_shot("--new", "--message", "Hello!")
+@pytest.fixture
+def model_path(tiny_model: str) -> str:
+    return tiny_model
+
+
+def test_one_shot_json_new_then_continue(model_path: str):
+    code, first = one_shot(model_path, "--new", "--message", "Hello!")
     assert code == 0 and first["status"] == "complete" and first["reply"]
     assert first["stats"]["prompt_tokens"] == first["stats"]["prefilled_tokens"]
-    code, second = one_shot("--conversation", first["conversation_id"], "--message", "Thanks.")
+    conversation = first["conversation_id"]
+    code, second = one_shot(model_path, "--conversation", conversation, "--message", "Thanks.")
     assert code == 0 and second["conversation_id"] == first["conversation_id"]
     assert second["stats"]["prompt_tokens"] > first["stats"]["prompt_tokens"]
 
@@ -55,23 +66,23 @@ def test_bad_model_files(tmp_path: Path, content: bytes | None, expected: str):
     model = tmp_path / "model.gguf"
     if content is not None:
         model.write_bytes(content)
-    code, error = one_shot("--new", "--message", "hi", "--model", str(model))
+    code, error = one_shot(str(model), "--new", "--message", "hi")
     assert code == 1 and expected in error["error"] and error["kind"] == "ModelLoadError"
 
 
 def test_truncated_gguf(tmp_path: Path, model_path: str):
     model = tmp_path / "truncated.gguf"
     model.write_bytes(Path(model_path).read_bytes()[: 4 << 20])
-    code, error = one_shot("--new", "--message", "hi", "--model", str(model))
+    code, error = one_shot(str(model), "--new", "--message", "hi")
     assert code == 1 and error["kind"] == "ModelLoadError"
     assert "Could not load the model truncated.gguf" in error["error"]
     assert "truncated" in error["error"]
 
 
-def test_empty_message_and_unknown_conversation():
-    code, error = one_shot("--new", "--message", "   ")
+def test_empty_message_and_unknown_conversation(model_path: str):
+    code, error = one_shot(model_path, "--new", "--message", "   ")
     assert code == 1 and error["error"] == "The message is empty. Type something to send."
-    code, error = one_shot("--conversation", "abcdef12", "--message", "hi")
+    code, error = one_shot(model_path, "--conversation", "abcdef12", "--message", "hi")
     assert code == 1 and "No conversation with id 'abcdef12'" in error["error"]
 
 
@@ -88,19 +99,19 @@ def test_database_locked():
     assert "is locked by another program" in done.stderr
 
 
-def test_corrupt_database_is_moved_aside_not_overwritten():
+def test_corrupt_database_is_moved_aside_not_overwritten(model_path: str):
     db = paths.database_path()
     garbage = b"this is not a database" * 100
     db.write_bytes(garbage)
-    code, reply = one_shot("--new", "--message", "hi")
+    code, reply = one_shot(model_path, "--new", "--message", "hi")
     assert code == 0 and reply["status"] == "complete"
     backups = list(db.parent.glob(db.name + ".corrupt-*"))
     assert [b.read_bytes() for b in backups if b.suffix != ".db-wal"] == [garbage]
 
 
-def test_context_overflow_offers_drop_or_new(tmp_path: Path):
+def test_context_overflow_offers_drop_or_new(model_path: str):
     long_message = "Tell me about the sea. " * 60  # about 360 tokens
-    code, error = one_shot("--ctx", "256", "--new", "--message", long_message)
+    code, error = one_shot(model_path, "--ctx", "256", "--new", "--message", long_message)
     # The message alone does not fit: leaving older turns out cannot help, so it is not offered.
     assert code == 1 and error["kind"] == "MessageTooLongError"
     assert error["n_ctx"] == 256 and error["prompt_tokens"] > 256

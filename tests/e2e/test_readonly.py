@@ -4,25 +4,33 @@ is read-only; commands that would save stop with those words, never a traceback.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import VERDICT_FILE
 from tests.e2e.stoke_proc import stoke, tiny_gguf
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def home(stoke_home: Path, tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory, cpu_buffer_verdict: Path) -> Path:
     """A home that has been used: one conversation, one model, and no scan cache, so listing
-    the library has to inspect the model again."""
-    done = stoke(stoke_home, "chat", "--new", "--message", "Hi", "--max-tokens", "2", "--json")
+    the library has to inspect the model again. Made once for the module: every test mounts
+    it read-only, so none can change what the next one finds."""
+    folder = tmp_path_factory.mktemp("used-home")
+    home = folder / "stoke-home"
+    if cpu_buffer_verdict.exists():  # as every test's own home has it (tests/conftest.py)
+        (home / "cache").mkdir(parents=True, mode=0o700)
+        shutil.copy2(cpu_buffer_verdict, home / "cache" / VERDICT_FILE)
+    done = stoke(home, "chat", "--new", "--message", "Hi", "--max-tokens", "2", "--json")
     assert done.returncode == 0, done.stderr
-    done = stoke(stoke_home, "models", "import", str(tiny_gguf(tmp_path / "tiny.gguf")))
+    done = stoke(home, "models", "import", str(tiny_gguf(folder / "tiny.gguf")))
     assert done.returncode == 0, done.stderr
-    (stoke_home / "cache" / "library-scan.json").unlink()
-    return stoke_home
+    (home / "cache" / "library-scan.json").unlink()
+    return home
 
 
 def _said_read_only(done, where: Path) -> None:

@@ -1,4 +1,8 @@
-"""KV snapshots and prewarming on the real engine: exact continuation, bad files, typing."""
+"""KV snapshots and prewarming on the real engine: exact continuation, bad files, typing.
+
+What a snapshot holds, how a bad one is caught and what prewarming saves are the engine's and
+the store's, whatever the weights, so every test runs on the tests' tiny model
+(tests/tiny_model.py: SmolLM2's tokenizer and template, random Q8_0 weights)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,11 @@ STORY = (
     "The lighthouse keeper climbed the spiral stairs every evening, counting the steps "
     "and listening to the waves break against the rocks below. "
 ) * 8
+
+
+@pytest.fixture
+def model_path(tiny_model: str) -> str:
+    return tiny_model
 
 
 async def _client(model_path: str, engine: str, **options) -> EngineClient:

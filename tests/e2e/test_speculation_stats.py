@@ -1,7 +1,8 @@
 """Speculative decoding's counts reach every place a user or client reads stats, on the real
-engine and default model (speculation "auto": prompt lookup drafts a copied code block): the
-terminal chat's stats line and the one-shot `--json` (each equal to the stats stored with that
-reply), and the API's OpenAI usage (`completion_tokens_details`), streamed or not."""
+engine and the tests' tiny model (speculation "auto": prompt lookup drafts from the repeats
+its greedy replies fall into; what the counts are is test_speculative.py's): the terminal
+chat's stats line and the one-shot `--json` (each equal to the stats stored with that reply),
+and the API's OpenAI usage (`completion_tokens_details`), streamed or not."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,9 @@ from tests.e2e.test_speculative import EDIT
 pytestmark = pytest.mark.e2e
 
 
-def _chat(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "app", "chat", "--temperature", "0", "--max-tokens", "120"]
+def _chat(model: str, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "app", "chat", "--model", model]
+    command += ["--temperature", "0", "--max-tokens", "120"]
     done = subprocess.run(
         [*command, *args], capture_output=True, text=True, timeout=300, env=os.environ.copy()
     )
@@ -36,24 +39,28 @@ def _last_reply_stats(conversation_id: str) -> dict:
         return reply.stats
 
 
-def test_the_terminal_line_and_the_json_carry_the_replys_drafts(stoke_home: Path) -> None:
-    terminal = _chat("--new", "--message", EDIT)
+def test_the_terminal_line_and_the_json_carry_the_replys_drafts(
+    stoke_home: Path, tiny_model: str
+) -> None:
+    terminal = _chat(tiny_model, "--new", "--message", EDIT)
     with ConversationStore.open() as store:
         (conversation,) = store.list_conversations()
     stats = _last_reply_stats(conversation.id)
-    assert stats["drafted_tokens"] > 0  # the reply copies the prompt's code
+    assert stats["drafted_tokens"] > 0  # the reply repeats its own tokens
     kept = stats["accepted_tokens"] / stats["drafted_tokens"]
     assert f"{stats['decode_tok_s']:.1f} tok/s · drafts {kept:.0%} accepted" in terminal.stderr
 
-    one_shot = _chat("--conversation", conversation.id, "--message", EDIT, "--json")
+    one_shot = _chat(tiny_model, "--conversation", conversation.id, "--message", EDIT, "--json")
     output = json.loads(one_shot.stdout.strip().splitlines()[-1])
     stored = _last_reply_stats(conversation.id)
     assert output["stats"]["drafted_tokens"] == stored["drafted_tokens"] > 0
     assert output["stats"]["accepted_tokens"] == stored["accepted_tokens"] >= 0
 
 
-def test_the_api_reports_the_drafts_as_prediction_tokens(stoke_home: Path) -> None:
-    with ServerThread() as server:
+def test_the_api_reports_the_drafts_as_prediction_tokens(stoke_home: Path, tiny_model: str) -> None:
+    server = ServerThread()
+    server.options = replace(server.options, model_path=tiny_model)
+    with server:
         client = server.client()
         messages = [{"role": "user", "content": EDIT}]
         reply = client.chat.completions.create(

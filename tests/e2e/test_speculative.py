@@ -1,11 +1,15 @@
-"""Speculative decoding on the real engines and the default model: the drafts are really
-verified, the next turn prefills only its new tokens (so the KV held exactly what was handed
-out), and at temperature 0 each method's reply is token for token plain decoding's in the
-same context (on llama.cpp a speculative context gets flash attention over a q8_0 K, whose
-verify batches equal one-token decodes bit for bit: `exact_context` is its plain twin).
+"""Speculative decoding on the real engines: the drafts are really verified, the next turn
+prefills only its new tokens (so the KV held exactly what was handed out), and at temperature
+0 each method's reply is token for token plain decoding's in the same context (on llama.cpp a
+speculative context gets flash attention over a q8_0 K, whose verify batches equal one-token
+decodes bit for bit: `exact_context` is its plain twin).
 
-The draft model is the default model cut to its first two blocks (`write_truncated`), which
-shares its tokenizer: poor guesses, but real ones from a second model.
+These are the engines' mechanisms, not the model's skill, so they run on the tests' tiny chat
+model (tests/tiny_model.py: SmolLM2's tokenizer, random Q8_0 weights, so its verify rows are
+a quantized model's, as the default model's are). Its greedy replies fall into repeats of
+their own tokens, which prompt lookup drafts from; the draft model is the tiny model cut to
+its first block (`write_truncated`), which shares its tokenizer: poor guesses, but real ones
+from a second model.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from app.engine.protocol import (
     SamplingParams,
     TokenEvent,
 )
-from app.models.default import default_model_path
 from app.models.truncated_gguf import write_truncated
 from app.session import ChatSession
 from tests.e2e.conftest import both_engines
@@ -42,13 +45,23 @@ CODE = "\n".join(
 )
 EDIT = f"Repeat this code exactly, but rename `total` to `result`:\n```python\n{CODE}```"
 FOLLOW_UP = "Now say in one sentence what the functions do."
+COPYING = (
+    f"<|im_start|>user\n{EDIT}<|im_end|>\n<|im_start|>assistant\n"
+    f"```python\n{CODE.splitlines()[0]}\n"
+)
 SAMPLING = {"temperature": 0.0, "max_tokens": 120}
 
 
+@pytest.fixture
+def model_path(tiny_model: str) -> str:
+    """The tiny model on both engines (the module docstring says why)."""
+    return tiny_model
+
+
 @pytest.fixture(scope="session")
-def draft_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("draft") / "draft-2-layers.gguf"
-    return str(write_truncated(Path(default_model_path()), out, 2))
+def draft_model(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("draft") / "draft-1-layer.gguf"
+    return str(write_truncated(Path(tiny_model), out, 1))
 
 
 async def _conversation(store: ConversationStore, options: LoadOptions, engine: str):
@@ -76,12 +89,12 @@ def test_speculation_is_exact_and_the_next_turn_prefills_new_tokens_only(
     first, second = run(_conversation(store, spec, engine))
 
     assert plain_first.stats.drafted_tokens == 0
-    if method == "lookup":  # the reply copies the prompt's code: guesses are verified, kept
+    if method == "lookup":  # the reply repeats its own tokens: guesses are verified, kept
         assert first.stats.drafted_tokens > 0
         # How many are kept follows the adaptive control, which reads this machine's measured
         # forward times: a count would be a timing assertion. That some were is the bench's.
         assert 0 <= first.stats.accepted_tokens <= first.stats.drafted_tokens
-    # (The 2-block draft model is often judged not worth a verify and kept off: no count.)
+    # (The 1-block draft model is often judged not worth a verify and kept off: no count.)
     # Turn 2 reuses the prompt and reply of turn 1 as the KV holds them: exactly the tokens
     # handed out (the last one too, unless max_tokens cut the reply before it was evaluated).
     held = first.stats.prompt_tokens + len(first.token_ids)
@@ -118,13 +131,13 @@ def exact_v(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     return request.param
 
 
-def test_verify_rows_equal_one_token_decodes_past_512_cells(exact_v: str) -> None:
+def test_verify_rows_equal_one_token_decodes_past_512_cells(model_path: str, exact_v: str) -> None:
     """The speculative context's promise itself, where a one-token decode over an f16 K
     would split the cells across threads (512 or more): eight positions evaluated in one
     verify batch give the logits, bit for bit, that eight one-token decodes give, with the
     V type either CPU's verdict keeps."""
     engine = LlamaCppEngine()
-    engine.load(LoadOptions(str(default_model_path()), n_ctx=2048, snapshots=False))
+    engine.load(LoadOptions(model_path, n_ctx=2048, snapshots=False))
     try:
         assert engine._cparams.type_v == KV_TYPES[exact_v]
         assert engine._cparams.type_k == KV_TYPES["q8_0"]
@@ -149,36 +162,42 @@ def _greedy(options: LoadOptions, prompt: str) -> tuple[list[int], int]:
         engine.unload()
 
 
-def test_lookup_equals_plain_decoding_with_either_v_type(exact_v: str, unbudgeted: None) -> None:
+def test_lookup_equals_plain_decoding_with_either_v_type(
+    model_path: str, exact_v: str, unbudgeted: None
+) -> None:
     """A CPU whose verdict keeps the other V type gets the same promise: the code edit decoded
-    speculatively is the exact context's plain reply token for token."""
-    spec = LoadOptions(str(default_model_path()), n_ctx=2048, speculation="lookup")
-    plain, _ = _greedy(exact_context(spec), EDIT)
-    reply, drafted = _greedy(spec, EDIT)
+    speculatively is the exact context's plain reply token for token. The reply is begun as
+    a copy of the code's first line, so prompt lookup guesses from its second token on
+    whatever the model writes (a token the copy lacks reads as a renamed one)."""
+    spec = LoadOptions(model_path, n_ctx=2048, speculation="lookup")
+    plain, _ = _greedy(exact_context(spec), COPYING)
+    reply, drafted = _greedy(spec, COPYING)
     assert drafted > 0 and reply == plain
 
 
-def test_a_plain_context_keeps_the_v_type_asked_for(exact_v: str) -> None:
+def test_a_plain_context_keeps_the_v_type_asked_for(model_path: str, exact_v: str) -> None:
     engine = LlamaCppEngine()
-    engine.load(LoadOptions(str(default_model_path()), n_ctx=512, speculation="off"))
+    engine.load(LoadOptions(model_path, n_ctx=512, speculation="off"))
     try:
         assert (engine._cparams.type_k, engine._cparams.type_v) == (KV_TYPES["f16"],) * 2
     finally:
         engine.unload()
 
 
-def test_verify_rows_of_16_bit_weights_are_not_trusted_whole(tmp_path: Path) -> None:
-    """A BF16 copy of the default model: its verify rows are not a decode's (llamafile's
-    sgemm takes the batch), so the engine does not trust them whole and decides near ties
-    by one-token decodes; the default model's Q4_1 ones it trusts."""
-    copy = requantize(default_model_path(), tmp_path / "bf16.gguf", "bf16")
+def test_verify_rows_of_16_bit_weights_are_not_trusted_whole(
+    model_path: str, tmp_path: Path
+) -> None:
+    """A BF16 copy of the tiny model: its verify rows are not a decode's (llamafile's sgemm
+    takes the batch), so the engine does not trust them whole and decides near ties by
+    one-token decodes; the tiny model's own Q8_0 ones it trusts."""
+    copy = requantize(Path(model_path), tmp_path / "bf16.gguf", "bf16")
     trusted = {}
-    for name, path in (("bf16", copy), ("q4_1", default_model_path())):
+    for name, path in (("bf16", copy), ("q8_0", model_path)):
         engine = LlamaCppEngine()
         engine.load(LoadOptions(str(path), n_ctx=2048, snapshots=False))
         try:
             trusted[name] = engine._verify_exact
-            assert _verify_equals_decodes(engine, 300, 4) == (name == "q4_1")
+            assert _verify_equals_decodes(engine, 300, 4) == (name == "q8_0")
         finally:
             engine.unload()
-    assert trusted == {"bf16": False, "q4_1": True}
+    assert trusted == {"bf16": False, "q8_0": True}
