@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
+import shutil
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from app.engine.llamacpp.openmp import spin_briefly
 from app.engine.protocol import LoadOptions
 from app.models.default import default_model_path
 from app.session import ChatSession
+from tests.conftest import VERDICT_FILE
 from tests.e2e.serving import ServerThread
 
 # Tests that load llama.cpp in this process get the engine process's barrier waits, set
@@ -24,6 +27,7 @@ from tests.e2e.serving import ServerThread
 spin_briefly()
 
 GREEDY = {"temperature": 0.0, "max_tokens": 24}
+StokeHere = Callable[..., tuple[int, str, str]]  # the `stoke_here` fixture's runner
 
 needs_mlx = pytest.mark.skipif(
     importlib.util.find_spec("mlx") is None,
@@ -81,11 +85,50 @@ async def start_session(
     return ChatSession(store, client)
 
 
+@pytest.fixture(scope="session")
+def shared_home(
+    tmp_path_factory: pytest.TempPathFactory, cpu_buffer_verdict: Path
+) -> Callable[[str], Path]:
+    """Makes a new STOKE_HOME for what a module shares (a server, its engine, a process),
+    holding this machine's CPU buffer verdict as each test's own home does: in a home without
+    it the engine probes the CPU again, children that cost about ten seconds of CPU."""
+
+    def make(name: str) -> Path:
+        home = tmp_path_factory.mktemp(name)
+        if cpu_buffer_verdict.exists():
+            (home / "cache").mkdir(mode=0o700)
+            shutil.copy2(cpu_buffer_verdict, home / "cache" / VERDICT_FILE)
+        return home
+
+    return make
+
+
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+def served(shared_home: Callable[[str], Path]) -> Iterator[ServerThread]:
     """A `stoke serve` on loopback with the default options and its own STOKE_HOME, shared by
     a module's tests (a module that needs other options defines its own `served`)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(tmp_path_factory.mktemp("serve-home")))
+        mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
         with ServerThread() as server:
             yield server
+
+
+@pytest.fixture
+def stoke_here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> StokeHere:
+    """`stoke ARGV` through its own entry point in this process, for what answers or fails
+    before any model loads (a new interpreter's imports cost seconds of CPU): (exit code,
+    stdout, stderr). Keyword arguments set environment variables for the call."""
+    from app.__main__ import main
+
+    def run(*argv: str, **env: str) -> tuple[int, str, str]:
+        with monkeypatch.context() as mp:
+            for name, value in env.items():
+                mp.setenv(name, value)
+            umask = os.umask(0o077)  # what main() sets for Stoke's process; put back below
+            try:
+                code = main(list(argv))
+            finally:
+                os.umask(umask)
+        return code, *capsys.readouterr()
+
+    return run

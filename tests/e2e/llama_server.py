@@ -1,6 +1,6 @@
 """llama.cpp's real `llama-server`, built by `make llama-tools` from the engine's own llama.cpp
-sources, serving the default model on loopback; a test can stop it and start it again on the
-same port (a server restarted mid-conversation)."""
+sources, serving a model (the default one unless told another) on loopback; a test can stop it
+and start it again on the same port (a server restarted mid-conversation)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ class LlamaServer:
     """One llama-server process at a fixed port; `start` again after `stop` comes back at the
     same URL with an empty cache."""
 
-    def __init__(self, binary: Path, log: Path, *extra: str) -> None:
+    def __init__(self, binary: Path, log: Path, *extra: str, model: str | None = None) -> None:
         self.binary = binary
         self.log = log
+        self.model = model or str(default_model_path())
         self.extra = extra  # more llama-server flags
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -43,7 +44,7 @@ class LlamaServer:
 
     def start(self) -> None:
         command = [
-            *(str(self.binary), "--model", str(default_model_path())),
+            *(str(self.binary), "--model", self.model),
             *("--host", "127.0.0.1", "--port", str(self.port), "--ctx-size", str(N_CTX)),
             *("--threads", "2", "--no-webui", *cpu_buffers.server_flags(), *self.extra),
         ]

@@ -1,5 +1,6 @@
 """A real `ApiServer` on a real loopback socket, in a thread with its own event loop and its
-own engine process on the default model; tests talk to it with the official openai client."""
+own engine process (on the default model unless told another, such as the tests' tiny chat
+model for mechanism tests); tests talk to it with the official openai client."""
 
 from __future__ import annotations
 
@@ -31,9 +32,16 @@ def document(topic: str, facts: int = 40) -> str:
 
 class ServerThread:
     def __init__(
-        self, *, n_ctx: int = 4096, n_seq_max: int = 4, backend: str | None = None, **config: Any
+        self,
+        *,
+        model: str | None = None,  # None: the default model
+        n_ctx: int = 4096,
+        n_seq_max: int = 4,
+        backend: str | None = None,
+        **config: Any,
     ) -> None:
-        self.options = LoadOptions(str(default_model_path()), n_ctx=n_ctx, n_seq_max=n_seq_max)
+        model = model or str(default_model_path())
+        self.options = LoadOptions(model, n_ctx=n_ctx, n_seq_max=n_seq_max)
         self.backend = backend  # None: the platform's engine
         self.config = ServerConfig(api_key=API_KEY, port=0, **config)
         self.loop = asyncio.new_event_loop()

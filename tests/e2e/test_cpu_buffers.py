@@ -43,9 +43,10 @@ def _doctor(home: Path, **env: str) -> dict:
     return json.loads(done.stdout)["llama_cpp"]["buffer_types"]
 
 
-def _chat(home: Path, **env: str) -> dict:
+def _chat(home: Path, model: str, **env: str) -> dict:
+    command = ["chat", "--model", model, "--new", "--message", "hi", "--max-tokens", "4"]
     done = subprocess.run(
-        [sys.executable, "-m", "app", "chat", "--new", "--message", "hi", "--json"],
+        [sys.executable, "-m", "app", *command, "--json"],
         env={**os.environ, "STOKE_HOME": str(home), **env},
         capture_output=True,
         text=True,
@@ -55,21 +56,27 @@ def _chat(home: Path, **env: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_verdict_is_probed_once_then_cached(unprobed: Path):
+def test_verdict_is_probed_once_then_cached(unprobed: Path, tiny_model: str):
+    """A verdict cached before the attention probe existed (format 1) is not trusted: the
+    first look probes, caches the verdict with its V type, and every later one reads it."""
+    cache = unprobed / "cache" / VERDICT_FILE
+    key = cpu_buffers._key_hash(cpu_buffers.machine_key())
+    old = {"policy": "all", "reason": "old", "extra_types": [], "trials": {}, "key": key}
+    cache.write_text(json.dumps({"format": 1, "verdicts": {key: old}}))
     first = _doctor(unprobed)
     assert first["source"] == "probe" and first["policy"] in cpu_buffers.POLICIES
     assert first["reason"] and first["trials"]["none"] == "ran"
     # the attention probe timed both V types (which one wins is this CPU's)
     assert first["exact_v"] in cpu_buffers.V_TYPES
     assert "f16 V" in first["exact_v_reason"] and "q8_0 V" in first["exact_v_reason"]
-    cache = unprobed / "cache" / VERDICT_FILE
+    assert json.loads(cache.read_text())["verdicts"][key]["exact_v"] == first["exact_v"]
     assert cache.stat().st_mode & 0o777 == 0o600
     before = cache.stat()
 
     # Any probe now would fail on every policy: a start that probed again could not keep the
     # verdict, and would rewrite the cache. The engine starts, chats, and the verdict stands.
     broken_probe = {CRASH_ENV: "all,no-amx,none"}
-    assert _chat(unprobed, **broken_probe)["reply"]
+    assert _chat(unprobed, tiny_model, **broken_probe)["reply"]
     again = _doctor(unprobed, **broken_probe)
     assert again["source"] == "cache" and again["policy"] == first["policy"]
     after = cache.stat()
@@ -78,21 +85,22 @@ def test_verdict_is_probed_once_then_cached(unprobed: Path):
 
 def test_a_crashing_type_is_turned_off_and_the_rest_kept(unprobed, monkeypatch):
     """As on an AMX machine: "all" crashes, "no-amx" runs and agrees, so CPU_REPACK stays.
-    The names of the types are the only fake; the probe children are real."""
+    The names of the types are the only fake; the probe children are real (the buffer
+    probe's: the attention probe, which times V types, is the first test's)."""
     monkeypatch.setattr(cpu_buffers, "extra_type_names", lambda: ("AMX", "CPU_REPACK"))
     monkeypatch.setenv(CRASH_ENV, "all")
-    verdict = cpu_buffers._decide()
+    verdict = cpu_buffers._buffers()
     assert verdict.policy == "no-amx"
     assert "SIGSEGV" in verdict.trials["all"] and "agreed" in verdict.trials["no-amx"]
     assert "AMX buffer type failed" in verdict.reason and "CPU_REPACK kept" in verdict.reason
 
     monkeypatch.setenv(CRASH_ENV, "all,no-amx")
-    verdict = cpu_buffers._decide()
+    verdict = cpu_buffers._buffers()
     assert verdict.policy == "none" and "plain CPU buffers" in verdict.reason
 
 
 def test_a_probe_that_cannot_run_is_not_cached(unprobed, monkeypatch):
-    monkeypatch.setenv(CRASH_ENV, "none")
+    monkeypatch.setenv(CRASH_ENV, "none,attention")  # the timing child's seconds unspent
     cache = unprobed / "cache" / VERDICT_FILE
     verdict = cpu_buffers.machine_verdict(cache=cache)
     if not cpu_buffers.extra_type_names():
@@ -105,17 +113,6 @@ def test_the_exact_attention_keeps_the_faster_v_by_a_margin():
     assert cpu_buffers.faster_v({"f16": 0.93e-3, "q8_0": 0.46e-3}) == "q8_0"  # an Intel Xeon
     assert cpu_buffers.faster_v({"f16": 0.50e-3, "q8_0": 0.58e-3}) == "f16"
     assert cpu_buffers.faster_v({"f16": 0.50e-3, "q8_0": 0.48e-3}) == "f16"  # within the margin
-
-
-def test_a_verdict_cached_without_the_v_type_is_probed_again(unprobed: Path):
-    """A cache written before the attention probe existed (format 1) is not trusted."""
-    cache = unprobed / "cache" / VERDICT_FILE
-    key = cpu_buffers._key_hash(cpu_buffers.machine_key())
-    old = {"policy": "all", "reason": "old", "extra_types": [], "trials": {}, "key": key}
-    cache.write_text(json.dumps({"format": 1, "verdicts": {key: old}}))
-    verdict = cpu_buffers.machine_verdict(cache=cache)
-    assert verdict.source == "probe" and verdict.exact_v in cpu_buffers.V_TYPES
-    assert json.loads(cache.read_text())["verdicts"][key]["exact_v"] == verdict.exact_v
 
 
 def test_an_attention_probe_that_crashes_keeps_an_f16_v(monkeypatch):

@@ -1,5 +1,7 @@
 """The remote engine's `llama-server` mode against llama.cpp's real llama-server (built by
-`make llama-tools` from the engine's own llama.cpp sources) serving the default model.
+`make llama-tools` from the engine's own llama.cpp sources) serving the default model (whose
+few tokens a second on a busy CPU leave a cancel or a kill time to land mid-reply); the key
+test's own server serves the tests' tiny chat model.
 
 What each test proves, with the server's own numbers (its `timings.cache_n`):
 - a conversation sends token prompts that extend the last turn exactly, so every follow-up is
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -53,11 +55,16 @@ GREEDY = {"temperature": 0.0, "max_tokens": 24}
 
 
 @pytest.fixture(scope="module")
-def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+def llama_server(
+    tmp_path_factory: pytest.TempPathFactory, shared_home: Callable[[str], Path]
+) -> Iterator[LlamaServer]:
+    """The module's server; a test may kill it, and starts it again (empty cache, same URL)."""
     server = LlamaServer(
         llama_server_binary(), tmp_path_factory.mktemp("llama-server") / "server.log"
     )
-    server.start()
+    with pytest.MonkeyPatch.context() as mp:  # its flags read this machine's verdict
+        mp.setenv("STOKE_HOME", str(shared_home("llama-server-home")))
+        server.start()
     try:
         yield server
     finally:
@@ -198,20 +205,22 @@ def test_a_prompt_over_the_servers_context_keeps_its_numbers(
 
 
 def test_the_servers_api_key_is_sent_and_a_wrong_one_is_refused_in_words(
-    tmp_path: Path, model_path: str
+    tmp_path: Path, tiny_model: str
 ) -> None:
-    server = LlamaServer(llama_server_binary(), tmp_path / "server.log", "--api-key", "k-right")
+    server = LlamaServer(
+        llama_server_binary(), tmp_path / "server.log", "--api-key", "k-right", model=tiny_model
+    )
     server.start()
     try:
         engine = RemoteEngine()
-        engine.load(options(server.url, model_path, key="k-right"))
+        engine.load(options(server.url, tiny_model, key="k-right"))
         assert engine.mode == WireMode.LLAMA_SERVER  # /props answered with the key
         tokens, stats = collect(
             engine.generate(prompt_of(engine, "Hi"), SamplingParams.greedy(), 2)
         )
         assert tokens and stats.prompt_tokens > 0
         with pytest.raises(ModelLoadError, match="refused the API key"):
-            RemoteEngine().load(options(server.url, model_path, key="k-wrong"))
+            RemoteEngine().load(options(server.url, tiny_model, key="k-wrong"))
     finally:
         server.stop()
 
@@ -227,10 +236,10 @@ def wait_for_idle_slots(server: LlamaServer) -> None:
 
 
 def test_a_server_killed_mid_reply_is_said_in_words_and_the_next_turn_prefills_again(
-    tmp_path: Path, store: ConversationStore, model_path: str, run
+    llama_server: LlamaServer, store: ConversationStore, model_path: str, run
 ) -> None:
-    server = LlamaServer(llama_server_binary(), tmp_path / "server.log")
-    server.start()
+    server = llama_server
+    short = {"temperature": 0.0, "max_tokens": 4}  # the turns around the kill only need to end
 
     async def scenario() -> None:
         client = EngineClient(options(server.url, model_path))
@@ -238,7 +247,7 @@ def test_a_server_killed_mid_reply_is_said_in_words_and_the_next_turn_prefills_a
         try:
             session = ChatSession(store, client)
             conversation = store.create_conversation()
-            store.set_sampling(conversation.id, GREEDY)
+            store.set_sampling(conversation.id, short)
             first = await session.send(conversation.id, TURNS[0])
             assert first.status == "complete"
             seen: list[TokenEvent] = []
@@ -264,6 +273,7 @@ def test_a_server_killed_mid_reply_is_said_in_words_and_the_next_turn_prefills_a
             with pytest.raises(EngineError, match="nothing is listening"):
                 await session.send(conversation.id, "Still there?")  # while it is down
             server.start()  # back, at the same address, with an empty cache
+            store.set_sampling(conversation.id, short)
             again = await session.send(conversation.id, TURNS[1])
             assert again.status == "complete", again
             stats = again.stats
@@ -278,7 +288,8 @@ def test_a_server_killed_mid_reply_is_said_in_words_and_the_next_turn_prefills_a
     try:
         run(scenario())
     finally:
-        server.stop()
+        if server.process is None:  # killed and not back: back for the module's next tests
+            server.start()
 
 
 def test_stoke_chat_remote_url_over_llama_server(llama_server: LlamaServer, tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """Tools through a remote engine in `chat` mode, on loopback with real HTTP.
 
-The `served` Stoke on the default model is the remote server: it applies tools, tool choice
-and response_format itself (its template, its tool parser, its grammar). A second Stoke
+The `served` Stoke is the remote server: it applies tools, tool choice and response_format
+itself (its template, its tool parser, its grammar), on the tests' tiny chat model (SmolLM2's
+tokenizer and template, random weights, whose calls and JSON the grammar makes valid): what is
+proven is the passing through, whatever the model says. A second Stoke
 server runs on it as a remote engine in chat mode and passes them through. The official
 openai client against that front server does a tool round trip (tool_choice required, a
 tool result, again, then auto) and structured output, streamed and not; each of the front's
@@ -12,7 +14,8 @@ refuses reaches the client as the remote's words.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -23,6 +26,15 @@ from tests.e2e.serving import API_KEY, ServerThread
 from tests.e2e.test_server_tools import CLOCK, PERSON, TOPICS, WEATHER, _call, _resent
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def served(shared_home: Callable[[str], Path], tiny_model: str) -> Iterator[ServerThread]:
+    """The remote server, on the tiny model."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
+        with ServerThread(model=tiny_model) as server:
+            yield server
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +67,11 @@ def test_tool_round_trip_passes_through(
         {"role": "user", "content": f"Weather and time in Oslo, then Rome? ({stream})"},
     ]
     for turn, choice in enumerate(("required", "required", "auto")):
-        message, usage, finish = _call(front.client(), front.model, messages, choice, stream=stream)
+        message, usage, finish = _call(
+            front.client(), front.model, messages, choice, stream=stream, max_tokens=96
+        )
         direct, _, direct_finish = _call(
-            served.client(), served.model, messages, choice, stream=stream
+            served.client(), served.model, messages, choice, stream=stream, max_tokens=96
         )
         assert (_meaning(message), finish) == (_meaning(direct), direct_finish), turn
         assert usage.prompt_tokens > 0  # the remote's own count, passed on

@@ -1,5 +1,9 @@
 """The API key stays out of `ps`: `stoke serve --api-key-file PATH` (and STOKE_API_KEY) give it
-without putting it on the command line, and a key given with `--api-key` draws a warning."""
+without putting it on the command line, and a key given with `--api-key` draws a warning.
+
+Where the key comes from is checked with `--show-key` through `stoke`'s own entry point in
+this process (a new interpreter's imports cost seconds each); one real `stoke serve` process
+takes its key from a file."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.e2e.conftest import StokeHere
+
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,54 +28,53 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return {**env, "STOKE_HOME": str(home), **extra}
 
 
-def _show_key(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "app", "serve", *args, "--show-key"],
-        cwd=REPO,
-        env=_env(home, **env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@pytest.fixture
+def show_key(stoke_here: StokeHere, monkeypatch: pytest.MonkeyPatch) -> StokeHere:
+    """`stoke serve ARGS --show-key`, STOKE_API_KEY unset unless given."""
+    monkeypatch.delenv("STOKE_API_KEY", raising=False)
+    return lambda *args, **env: stoke_here("serve", *args, "--show-key", **env)
 
 
-def test_a_key_on_the_command_line_draws_a_warning(stoke_home: Path) -> None:
-    shown = _show_key(stoke_home, "--api-key", "sk-in-argv")
-    assert shown.returncode == 0 and shown.stdout.strip() == "sk-in-argv"
-    assert "--api-key-file" in shown.stderr and "ps" in shown.stderr
-    quiet = _show_key(stoke_home, STOKE_API_KEY="sk-in-env")
-    assert quiet.stdout.strip() == "sk-in-env" and "Warning" not in quiet.stderr
+def test_a_key_on_the_command_line_draws_a_warning(show_key: StokeHere) -> None:
+    code, out, err = show_key("--api-key", "sk-in-argv")
+    assert code == 0 and out.strip() == "sk-in-argv"
+    assert "--api-key-file" in err and "ps" in err
+    code, out, err = show_key(STOKE_API_KEY="sk-in-env")
+    assert out.strip() == "sk-in-env" and "Warning" not in err
 
 
-def test_a_key_file_is_read_and_checked(stoke_home: Path, tmp_path: Path) -> None:
+def test_a_key_file_is_read_and_checked(show_key: StokeHere, tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("sk-from-file\n", "utf-8")
     key_file.chmod(0o600)
-    shown = _show_key(stoke_home, "--api-key-file", str(key_file))
-    assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.strip() == "sk-from-file" and "Warning" not in shown.stderr
+    code, out, err = show_key("--api-key-file", str(key_file))
+    assert code == 0, err
+    assert out.strip() == "sk-from-file" and "Warning" not in err
 
     key_file.chmod(0o644)
-    loose = _show_key(stoke_home, "--api-key-file", str(key_file))
-    assert loose.stdout.strip() == "sk-from-file"
-    assert "other users" in loose.stderr and "chmod 600" in loose.stderr
+    code, out, err = show_key("--api-key-file", str(key_file))
+    assert out.strip() == "sk-from-file"
+    assert "other users" in err and "chmod 600" in err
 
     for bad, words in ((tmp_path / "missing", "cannot read"), (tmp_path, "cannot read")):
-        failed = _show_key(stoke_home, "--api-key-file", str(bad))
-        assert failed.returncode == 1 and words in failed.stderr
-        assert "Traceback" not in failed.stderr
+        code, out, err = show_key("--api-key-file", str(bad))
+        assert code == 1 and words in err
+        assert "Traceback" not in err
     empty = tmp_path / "empty"
     empty.write_text("\n", "utf-8")
-    failed = _show_key(stoke_home, "--api-key-file", str(empty))
-    assert failed.returncode == 1 and "empty" in failed.stderr
+    code, out, err = show_key("--api-key-file", str(empty))
+    assert code == 1 and "empty" in err
 
 
-def test_stoke_serve_takes_its_key_from_the_file(stoke_home: Path, tmp_path: Path) -> None:
+def test_stoke_serve_takes_its_key_from_the_file(
+    stoke_home: Path, tmp_path: Path, tiny_model: str
+) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("sk-served-from-file", "utf-8")
     key_file.chmod(0o600)
+    command = ["serve", "--model", tiny_model, "--port", "0", "--api-key-file", str(key_file)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--port", "0", "--api-key-file", str(key_file)],
+        [sys.executable, "-m", "app", *command],
         cwd=REPO,
         env=_env(stoke_home),
         stdout=subprocess.PIPE,

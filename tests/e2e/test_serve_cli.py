@@ -1,6 +1,11 @@
 """`stoke serve` as a real process: it prints where it listens, answers the openai client
-with the key from STOKE_API_KEY, stops cleanly on Ctrl+C, and says so when the port is taken.
-`stoke bench serve`, small: it runs both servers, prints its table and writes its JSON."""
+with the key from STOKE_API_KEY under the template `--chat-template` gives, stops cleanly on
+Ctrl+C, and says so when the port is taken or the template file is not there.
+`stoke bench serve`, small: it runs both servers, prints its table and writes its JSON.
+
+The servers run the tests' tiny chat model (SmolLM2's tokenizer and template, random
+weights): what is proven is the command, whatever the replies say. What fails before a model
+loads runs through `stoke`'s own entry point in this process."""
 
 from __future__ import annotations
 
@@ -16,18 +21,26 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.e2e.conftest import StokeHere
+
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-cli-test"
+# Qwen3.5's: its generation prompt opens the reply's reasoning (`<think>`)
+REASONING_TEMPLATE = REPO / "tests" / "fixtures" / "chat_templates" / "Qwen-Qwen3.5-4B.jinja"
 
 
 def _env(home: Path) -> dict[str, str]:
     return {**os.environ, "STOKE_HOME": str(home), "STOKE_API_KEY": KEY}
 
 
-def test_stoke_serve_answers_and_stops_on_ctrl_c(stoke_home: Path) -> None:
+def test_stoke_serve_answers_under_its_template_and_stops_on_ctrl_c(
+    stoke_home: Path, tiny_model: str
+) -> None:
+    """The template's generation prompt opens `<think>`: the reply comes back as reasoning."""
+    command = ["serve", "--model", tiny_model, "--port", "0", "--ctx", "2048"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--port", "0", "--ctx", "2048"],
+        [sys.executable, "-m", "app", *command, "--chat-template", str(REASONING_TEMPLATE)],
         cwd=REPO,
         env=_env(stoke_home),
         stdout=subprocess.PIPE,
@@ -41,9 +54,14 @@ def test_stoke_serve_answers_and_stops_on_ctrl_c(stoke_home: Path) -> None:
         assert "STOKE_API_KEY" in process.stdout.readline()  # where the key came from
         client = openai.OpenAI(base_url=found[2], api_key=KEY, max_retries=0)
         reply = client.chat.completions.create(
-            model=found[1], messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+            model=found[1],
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=8,
+            temperature=0,
         )
         assert reply.usage.completion_tokens > 0
+        message = reply.choices[0].message.model_dump()
+        assert message.get("reasoning_content"), message  # the template opened <think>
     finally:
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=60)
@@ -51,7 +69,7 @@ def test_stoke_serve_answers_and_stops_on_ctrl_c(stoke_home: Path) -> None:
     assert "Stopping" in err and "Traceback" not in out + err
 
 
-def test_a_taken_port_is_one_line_not_a_traceback(stoke_home: Path) -> None:
+def test_a_taken_port_is_one_line_not_a_traceback(stoke_home: Path, stoke_here: StokeHere) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -67,20 +85,23 @@ def test_a_taken_port_is_one_line_not_a_traceback(stoke_home: Path) -> None:
     assert done.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
     assert "--port" in done.stderr and "Traceback" not in done.stderr
-    shown = subprocess.run(
-        [sys.executable, "-m", "app", "serve", "--show-key"],
-        cwd=REPO,
-        env=_env(stoke_home),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert shown.stdout.strip() == KEY
+    code, out, _ = stoke_here("serve", "--show-key", STOKE_API_KEY=KEY)
+    assert code == 0 and out.strip() == KEY
 
 
-def test_bench_serve_small(tmp_path: Path) -> None:
+def test_a_chat_template_that_is_not_there_is_one_line(
+    tmp_path: Path, stoke_here: StokeHere
+) -> None:
+    missing = tmp_path / "none.jinja"
+    code, _, err = stoke_here("serve", "--chat-template", str(missing), STOKE_API_KEY=KEY)
+    assert code == 1 and "Traceback" not in err
+    assert f"--chat-template: there is no file {missing}" in err
+
+
+def test_bench_serve_small(tmp_path: Path, tiny_model: str) -> None:
     report_path = tmp_path / "serve.json"
-    command = [sys.executable, "-m", "app", "bench", "serve", "--turns", "2", "--facts", "2"]
+    command = [sys.executable, "-m", "app", "bench", "serve", "--model", tiny_model]
+    command += ["--turns", "2", "--facts", "2"]
     command += ["--max-tokens", "4", "--reps", "1", "--conversations", "1", "2"]
     command += ["--ctx", "2048", "--json", str(report_path), "--logs", str(tmp_path / "logs")]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -105,42 +126,3 @@ def test_bench_serve_small(tmp_path: Path) -> None:
     for row in traced:
         timed = report["results"][row["server"]][str(row["conversations"])]["ttft_all_s"]
         assert round(row["ttft_s"], 4) in timed[row["turn"] - 1]
-
-
-def test_chat_template_flag(stoke_home: Path, tmp_path: Path) -> None:
-    """`--chat-template FILE` serves the model under that template: Qwen3.5's opens the
-    reply's reasoning, which comes back as reasoning; a file that is not there is one line."""
-    missing = subprocess.run(
-        [sys.executable, "-m", "app", "serve", "--chat-template", str(tmp_path / "none.jinja")],
-        cwd=REPO,
-        env=_env(stoke_home),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert missing.returncode == 1 and "Traceback" not in missing.stderr
-    assert f"--chat-template: there is no file {tmp_path / 'none.jinja'}" in missing.stderr
-    template = REPO / "tests" / "fixtures" / "chat_templates" / "Qwen-Qwen3.5-4B.jinja"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--port", "0", "--chat-template", str(template)],
-        cwd=REPO,
-        env=_env(stoke_home),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        found = re.search(r"Serving (\S+) at (http://\S+/v1)", process.stdout.readline())
-        assert found, process.stderr.read()
-        client = openai.OpenAI(base_url=found[2], api_key=KEY, max_retries=0)
-        reply = client.chat.completions.create(
-            model=found[1],
-            messages=[{"role": "user", "content": "Hi"}],
-            max_tokens=8,
-            temperature=0,
-        )
-        message = reply.choices[0].message.model_dump()
-        assert message.get("reasoning_content"), message  # the template opened <think>
-    finally:
-        process.send_signal(signal.SIGINT)
-        process.communicate(timeout=60)

@@ -1,13 +1,17 @@
-"""`stoke serve`'s API with the official openai client against a real server on loopback, on
-the real default model: stateless clients keep their KV, the token-id contract, prewarming."""
+"""`stoke serve`'s API with the official openai client against a real server on loopback:
+stateless clients keep their KV, the token-id contract, prewarming. These are the server's
+mechanisms, proven on the tests' tiny chat model (SmolLM2's tokenizer and template, random
+weights): its replies are random tokens, which the server must find again all the same."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import openai
 import pytest
 
 from app.engine.llamacpp.backend import load_vocab
-from app.models.default import default_model_path
 from tests.e2e.serving import ServerThread, document
 
 pytestmark = pytest.mark.e2e
@@ -18,6 +22,15 @@ FOLLOW_UPS = (
     "Is that a lot?",
     "Thanks. One last word?",
 )
+
+
+@pytest.fixture(scope="module")
+def served(shared_home: Callable[[str], Path], tiny_model: str) -> Iterator[ServerThread]:
+    """The module's server, on the tiny model."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
+        with ServerThread(model=tiny_model) as server:
+            yield server
 
 
 def _turn(client: openai.OpenAI, model: str, messages: list[dict], *, stream: bool):
@@ -123,7 +136,7 @@ def test_max_tokens_zero_prefills_and_the_real_request_finds_it_cached(
 
 def test_completions_take_token_ids_and_return_them(served: ServerThread) -> None:
     client = served.client()
-    vocab = load_vocab(str(default_model_path()))
+    vocab = load_vocab(served.options.model_path)
     prompt = vocab.tokenize("<|im_start|>user\nCount from one to ten.<|im_end|>\n", special=True)
     prompt += vocab.tokenize("<|im_start|>assistant\n", special=True)
     ids_on = {"return_token_ids": True}

@@ -8,8 +8,9 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import openai
 import pytest
@@ -23,9 +24,11 @@ COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy SmolLM2 keeps coun
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+def served(shared_home: Callable[[str], Path]) -> Iterator[ServerThread]:
+    """The default model, whose few tokens a second keep a long reply in flight while a
+    client leaves or more requests come (the tiny model could finish it first)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(tmp_path_factory.mktemp("serve-home")))
+        mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
         with ServerThread(n_ctx=2048, max_body_bytes=MAX_BODY, max_in_flight=3) as server:
             yield server
 

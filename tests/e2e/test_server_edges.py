@@ -11,8 +11,9 @@ import http.client
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import openai
 import pytest
@@ -27,9 +28,11 @@ LEAKS = ("Traceback", "Error:", "Exception", "codec", "surrogates not allowed", 
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+def served(shared_home: Callable[[str], Path]) -> Iterator[ServerThread]:
+    """The default model: it repeats itself (the penalties' test) and its few tokens a second
+    keep a reply in flight (the 429's)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(tmp_path_factory.mktemp("edges-home")))
+        mp.setenv("STOKE_HOME", str(shared_home("edges-home")))
         with ServerThread(n_ctx=2048, max_in_flight=1) as server:
             yield server
 
@@ -199,13 +202,11 @@ def test_logit_bias_moves_the_greedy_token(served: ServerThread) -> None:
     assert reply.choices[0].token_ids == [forced, forced]
 
 
-@pytest.mark.parametrize(
-    "penalty", [{"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"repeat_penalty": 1.8}]
-)
-def test_penalties_change_a_repetitive_reply(served: ServerThread, penalty: dict) -> None:
+def test_penalties_change_a_repetitive_reply(served: ServerThread) -> None:
     plain = _greedy_ids(served, prompt=REPEATING)
-    assert _greedy_ids(served, prompt=REPEATING, **penalty) != plain
-    assert _greedy_ids(served, prompt=REPEATING) == plain  # nothing of the penalty stays
+    for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"repeat_penalty": 1.8}):
+        assert _greedy_ids(served, prompt=REPEATING, **penalty) != plain, penalty
+        assert _greedy_ids(served, prompt=REPEATING) == plain, penalty  # none of it stays
 
 
 def test_out_of_range_and_unsupported_sampling_fields_are_400(served: ServerThread) -> None:

@@ -15,7 +15,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,9 +32,10 @@ IDS = {"return_token_ids": True}
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+def served(shared_home: Callable[[str], Path]) -> Iterator[ServerThread]:
+    """The default model: the latencies printed are docs/api.md's."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(tmp_path_factory.mktemp("serve-home")))
+        mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
         with ServerThread(n_ctx=4096) as server:
             yield server
 

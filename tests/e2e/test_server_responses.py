@@ -1,10 +1,14 @@
-"""OpenAI's Responses API on `stoke serve` with the official openai client, on the real
-default model: four turns continued by `previous_response_id` (streamed and not), each
-prefilling only its new input, and a function call continued with its output."""
+"""OpenAI's Responses API on `stoke serve` with the official openai client: four turns
+continued by `previous_response_id` (streamed and not), each prefilling only its new input,
+and a function call continued with its output. The server's mechanisms, proven on the tests'
+tiny chat model (SmolLM2's tokenizer and template, random weights; the grammar makes its call
+valid)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -18,10 +22,19 @@ WEATHER = {
     "description": "The current weather in a city.",
     "parameters": {
         "type": "object",
-        "properties": {"city": {"type": "string"}},
+        "properties": {"city": {"type": "string", "maxLength": 20}},  # a random model's ends
         "required": ["city"],
     },
 }
+
+
+@pytest.fixture(scope="module")
+def served(shared_home: Callable[[str], Path], tiny_model: str) -> Iterator[ServerThread]:
+    """The module's server, on the tiny model."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
+        with ServerThread(model=tiny_model) as server:
+            yield server
 
 
 def _create(served: ServerThread, stream: bool, **kwargs):
