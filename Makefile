@@ -43,11 +43,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(LINT_DIRS)
 	$(VENV)/bin/ruff format --check $(LINT_DIRS)
 
-# The window's tests run in a pytest process of their own: after the engine tests (hundreds of
+# The window's tests run in pytest processes of their own: after the engine tests (hundreds of
 # in-process llama.cpp loads) Qt's event loop died by SIGSEGV in a window test, on CI and here,
-# never with the window's tests alone. The engine tests run on two pytest-xdist workers, a
-# test file to each (module fixtures stay shared): most of them wait on an engine child, a
-# server or a subprocess, so two use the 2-core machine where one left a core idle. A run that
+# never with the window's tests alone. Both parts run on two pytest-xdist workers, a test file
+# to each (module fixtures stay shared): most tests wait on an engine child, a server, a
+# subprocess or Qt's event loop, so two use the 2-core machine where one left a core idle. A run that
 # crashes ends with the test it was in and that thread's frames (tests/crash_log.py). Each
 # part's seconds go to build/test-phases.tsv for .ci/run's table.
 CRASH_LOG := build/test-crash.log
@@ -65,7 +65,7 @@ test-engine: $(STAMP) lint llama-tools
 
 test-window: $(STAMP)
 	@mkdir -p build
-	@$(call timed,window tests,$(PYTEST) tests/gui)
+	@$(call timed,window tests,$(PYTEST) tests/gui -n $(TEST_WORKERS) --dist loadfile)
 
 $(PACKAGING_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,packaging]'
