@@ -11,8 +11,8 @@ from app.engine.protocol import FinishReason, LoadOptions, ModelLoadError, Sampl
 from tests.e2e.conftest import both_engines
 
 
-async def _client(model_path: str, engine: str = "llama.cpp") -> EngineClient:
-    client = EngineClient(LoadOptions(model_path, n_ctx=4096), backend=engine)
+async def _client(model_path: str, engine: str = "llama.cpp", **options) -> EngineClient:
+    client = EngineClient(LoadOptions(model_path, n_ctx=4096, **options), backend=engine)
     await client.start()
     return client
 
@@ -26,7 +26,9 @@ async def _prompt(client: EngineClient, text: str) -> list[int]:
 @both_engines
 def test_users_send_preempts_background_prefill(model_path, run, engine):
     async def scenario():
-        client = await _client(model_path, engine)
+        # batches of 128, not 512: the send waits for the batch under way, and a SmolLM2
+        # batch of 512 took 10 s on the loaded 2-core box (3,000 tokens are still 24 batches)
+        client = await _client(model_path, engine, n_batch=128)
         try:
             long = await client.tokenize("The quick brown fox jumps over the lazy dog. " * 300)
             prefill = asyncio.create_task(client.prefill(long, slot="draft"))

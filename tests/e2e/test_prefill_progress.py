@@ -1,12 +1,17 @@
 """A long prompt's prefill on the real engine: progress chunk by chunk, USER_CHUNK tokens
 where someone watches (the window's ChatSession) and whole n_batch steps for an API request
 (stoke serve), and a Stop that lands within one chunk (asserted on the engine's own
-counters, never on time)."""
+counters, never on time). The chunks are the engine's whatever the weights, so they are read
+on the tests' tiny model (tests/tiny_model.py); the Stop, which must land before the prompt
+is read, on the default model, whose prefill takes long enough."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
+
+import pytest
 
 from app.conversations import ConversationStore
 from app.engine.host import EngineClient
@@ -17,10 +22,16 @@ from app.engine.protocol import (
     PrefillProgress,
     SamplingParams,
 )
+from app.models.default import default_model_path
 from tests.e2e.conftest import both_engines, start_session
 from tests.e2e.serving import ServerThread
 
 PROSE = "The harbour town woke slowly in winter, and the ferry sounded its horn twice. "
+
+
+@pytest.fixture
+def model_path(tiny_model: str) -> str:
+    return tiny_model
 
 
 async def _long_prompt(client: EngineClient, n: int) -> list[int]:
@@ -62,7 +73,9 @@ def test_the_window_reads_a_long_message_in_user_chunks(
 def test_an_api_request_reads_its_prompt_in_whole_batches(model_path, monkeypatch):
     """A `stoke serve` request (no one to press Stop): n_batch steps, not USER_CHUNK ones,
     seen through the server's own generate call."""
-    with ServerThread() as server:  # n_batch 512
+    server = ServerThread()  # n_batch 512
+    server.options = replace(server.options, model_path=model_path)
+    with server:
         seen: list[PrefillProgress] = []
         generate = server.engine.generate
 
@@ -83,9 +96,10 @@ def test_an_api_request_reads_its_prompt_in_whole_batches(model_path, monkeypatc
     assert len(seen) == math.ceil(prompt / 512) < math.ceil(prompt / USER_CHUNK)
 
 
-def test_stop_during_a_long_prefill_returns_before_it_completes(model_path, run):
+def test_stop_during_a_long_prefill_returns_before_it_completes(run):
     async def scenario():
-        client = EngineClient(LoadOptions(model_path, n_ctx=4096, n_batch=2048))
+        options = LoadOptions(str(default_model_path()), n_ctx=4096, n_batch=2048)
+        client = EngineClient(options)
         await client.start()
         try:
             prompt = await _long_prompt(client, 3000)

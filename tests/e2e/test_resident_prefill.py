@@ -1,15 +1,23 @@
 """Resident conversations on the real engine host: a new conversation beside others prefills
 only its own tokens (and, each in a KV stream of its own, replies as if it were alone), the
 residents keep working, and a conversation that needs the room evicts others to RAM, from
-where they come back exactly."""
+where they come back exactly. The streams and the eviction are the engine's, whatever the
+weights, so the tests run on the tests' tiny model (tests/tiny_model.py)."""
 
 from __future__ import annotations
+
+import pytest
 
 from app.engine.host import EngineClient
 from app.engine.protocol import FinishReason, LoadOptions, SamplingParams, TokenEvent
 from tests.e2e.conftest import both_engines
 
 TOPICS = ("harbour", "glacier", "orchard", "lighthouse")
+
+
+@pytest.fixture
+def model_path(tiny_model: str) -> str:
+    return tiny_model
 
 
 def _text(topic: str, sentences: int) -> str:

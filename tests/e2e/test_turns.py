@@ -1,11 +1,19 @@
-"""Turns through the real engine host: append-only prefill, branches, trimming."""
+"""Turns through the real engine host: append-only prefill, branches, trimming.
+
+What the KV holds and what a turn prefills are the engine's and the session's, whatever the
+weights, so the turns run on the tests' tiny model (tests/tiny_model.py: SmolLM2's tokenizer
+and template, random weights); a Stop, which must land while the reply is still going, stays
+on the default model."""
 
 from __future__ import annotations
+
+import pytest
 
 from app.conversations import ConversationStore
 from app.engine.chat_template import ChatTemplate
 from app.engine.protocol import FinishReason
 from app.engine.transcript import Transcript, Turn
+from app.models.default import default_model_path
 from app.session import ChatSession
 from tests.e2e.conftest import GREEDY, both_engines, start_session
 
@@ -16,6 +24,11 @@ QUESTIONS = [
     "How many legs does a spider have?",
     "Say goodbye in French.",
 ]
+
+
+@pytest.fixture
+def model_path(tiny_model: str) -> str:
+    return tiny_model
 
 
 def _prompt_of(session: ChatSession, conversation_id: str, user_message_id: str) -> list[int]:
@@ -171,9 +184,9 @@ def test_edit_and_regenerate_branch_and_trim_kv(store: ConversationStore, model_
     ]
 
 
-def test_stop_then_continue_the_interrupted_reply(store: ConversationStore, model_path, run):
+def test_stop_then_continue_the_interrupted_reply(store: ConversationStore, run):
     async def scenario():
-        session = await start_session(store, model_path)
+        session = await start_session(store, str(default_model_path()))
         try:
             conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 60})
             count = 0
