@@ -6,13 +6,18 @@ release's within the format's quantization error.
 
 The tiny models are chaotic (random weights, 6 layers of top-k routing): a relative weight
 change of 1e-4 moves some logit by 1. So the formats are compared with the release by their
-weights, and with the reference by their logits on the very same weights."""
+weights, and with the reference by their logits on the very same weights.
+
+The release, its model as Stoke loads it and each conversion are written or loaded once per
+module: the tests only read them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
@@ -37,12 +42,34 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="module")
-def release_weights(release: tuple[Path, dict]) -> dict[str, mx.array]:
-    return dict(tree_flatten(load_model(str(release[0])).model.parameters()))
+def release_model(release: tuple[Path, dict]) -> nn.Module:
+    return load_model(str(release[0])).model
 
 
-def assert_agrees_with_reference(folder: Path) -> np.ndarray:
-    ours = formats.logits(load_model(str(folder)).model, TOKENS)
+@pytest.fixture(scope="module")
+def release_weights(release_model: nn.Module) -> dict[str, mx.array]:
+    return dict(tree_flatten(release_model.parameters()))
+
+
+@pytest.fixture(scope="module")
+def converted(
+    release: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Path]:
+    """mlx-lm's conversion of the release by a recipe, written the first time it is asked."""
+    folders: dict[str, Path] = {}
+
+    def folder(recipe: str) -> Path:
+        if recipe not in folders:
+            target = tmp_path_factory.mktemp("converted") / recipe
+            folders[recipe] = formats.mlx_lm_folder(release[0], target, recipe, release[1])
+        return folders[recipe]
+
+    return folder
+
+
+def assert_agrees_with_reference(folder: Path, model: nn.Module) -> np.ndarray:
+    """`model`, Stoke's load of `folder`, against mlx-vlm's model reading the same folder."""
+    ours = formats.logits(model, TOKENS)
     reference = formats.logits(formats.reference_model(folder), TOKENS)
     assert formats.top1_agreement(ours, reference) >= 0.99
     # Where an expert's or the indexer's top-k meets a near-tie, float32 rounding may pick
@@ -53,8 +80,8 @@ def assert_agrees_with_reference(folder: Path) -> np.ndarray:
     return ours
 
 
-def assert_weights_match_release(folder: Path, release: dict[str, mx.array], bits: int) -> None:
-    loaded = dict(tree_flatten(load_model(str(folder)).model.parameters()))
+def assert_weights_match_release(model: nn.Module, release: dict[str, mx.array], bits: int) -> None:
+    loaded = dict(tree_flatten(model.parameters()))
     assert loaded.keys() == release.keys()
     for name, value in release.items():
         if value.ndim < 2 or name.endswith("tid2eid"):
@@ -65,21 +92,24 @@ def assert_weights_match_release(folder: Path, release: dict[str, mx.array], bit
         assert error < ERROR_BY_BITS[bits], f"{name}: relative error {error:.3f}"
 
 
-def test_the_release_agrees_with_mlx_vlm(release: tuple[Path, dict]) -> None:
-    loaded = load_model(str(release[0])).model
-    assert loaded.layers[2].ffn.switch_mlp.gate_proj.weight.dtype == mx.float32  # CPU: expanded
-    assert_agrees_with_reference(release[0])
+def test_the_release_agrees_with_mlx_vlm(
+    release: tuple[Path, dict], release_model: nn.Module
+) -> None:
+    weight = release_model.layers[2].ffn.switch_mlp.gate_proj.weight
+    assert weight.dtype == mx.float32  # CPU: expanded
+    assert_agrees_with_reference(release[0], release_model)
 
 
 @pytest.mark.parametrize("recipe", list(formats.RECIPES))
 def test_an_mlx_lm_conversion_loads_and_agrees(
-    recipe: str, release: tuple[Path, dict], release_weights: dict, tmp_path: Path
+    recipe: str, converted: Callable[[str], Path], release_weights: dict
 ) -> None:
-    folder = formats.mlx_lm_folder(release[0], tmp_path / recipe, recipe, release[1])
+    folder = converted(recipe)
+    model = load_model(str(folder)).model
     spec = formats.RECIPES[recipe]
     bits = FEWEST_BITS.get(recipe) or spec[1]
-    assert_weights_match_release(folder, release_weights, bits)
-    assert_agrees_with_reference(folder)
+    assert_weights_match_release(model, release_weights, bits)
+    assert_agrees_with_reference(folder, model)
 
 
 def test_an_mlx_vlm_conversion_loads_and_agrees(
@@ -87,11 +117,12 @@ def test_an_mlx_vlm_conversion_loads_and_agrees(
 ) -> None:
     folder = formats.mlx_vlm_folder(release[0], tmp_path / "vlm", release[1])
     assert next(iter(mx.load(str(folder / "model.safetensors")))).startswith("language_model.")
-    assert_weights_match_release(folder, release_weights, FEWEST_BITS["mlx-vlm"])
-    assert_agrees_with_reference(folder)
+    model = load_model(str(folder)).model
+    assert_weights_match_release(model, release_weights, FEWEST_BITS["mlx-vlm"])
+    assert_agrees_with_reference(folder, model)
 
 
-def test_packed_layers_stay_packed_on_a_gpu(release: tuple[Path, dict], tmp_path: Path) -> None:
+def test_packed_layers_stay_packed_on_a_gpu(converted: Callable[[str], Path]) -> None:
     """What a GPU keeps (the CPU expands it): mxfp4 experts and affine attention, in the
     modes and sizes the folder stores, computing in bfloat16 (an mxfp4 head's uint8 scales
     once set the compute type)."""
@@ -99,7 +130,7 @@ def test_packed_layers_stay_packed_on_a_gpu(release: tuple[Path, dict], tmp_path
 
     from app.engine.mlx.models import _model_classes
 
-    folder = formats.mlx_lm_folder(release[0], tmp_path / "mxfp4", "mxfp4", release[1])
+    folder = converted("mxfp4")  # the recipe test's folder, written once
     model, _ = mlx_lm_load(
         folder,
         model_config={"quantization": None, "quantization_config": None},
