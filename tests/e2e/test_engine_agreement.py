@@ -1,8 +1,11 @@
 """The two engines run the same model: MLX's next-token logits match llama.cpp's.
 
 Both read the default GGUF (SmolLM2 Q4_1): llama.cpp through its own kernels, MLX through
-`mx.load` and mlx-lm's llama modules. Over a 500-token text of plain prose, the top-1 next
-token must agree on at least 95% of positions. The figure is printed (`pytest -s`).
+`mx.load` and mlx-lm's llama modules. Over the first 256 tokens of a text of plain prose, the
+top-1 next token must agree on at least 95% of positions. The figure is printed (`pytest -s`).
+MLX's CPU build reads SmolLM2 at about 5 tokens a second, so the text is no longer: on the
+2-core box 6 of the 256 positions disagreed (17 of 500), where a model read wrongly (a
+dequantization, a rope) disagrees on most.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import numpy as np
 
 from tests.e2e.conftest import needs_mlx
 
-N_TOKENS = 500
+N_TOKENS = 256
 PROSE = (
     "The harbour town woke slowly in winter. Fishermen checked their nets by lamplight, "
     "the baker opened his shutters before the gulls were awake, and the ferry to the "
@@ -78,7 +81,7 @@ def test_mlx_and_llamacpp_agree_on_the_next_token(model_path):
     from app.engine.llamacpp.backend import load_vocab
 
     tokens = load_vocab(model_path).tokenize(PROSE)
-    assert len(tokens) >= N_TOKENS, "the text must cover 500 positions"
+    assert len(tokens) >= N_TOKENS, f"the text must cover {N_TOKENS} positions"
     tokens = tokens[:N_TOKENS]
     reference = _llamacpp_top1(model_path, tokens)
     mlx = _mlx_top1(model_path, tokens)
