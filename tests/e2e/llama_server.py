@@ -43,10 +43,13 @@ class LlamaServer:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
+        """One compute thread: the server shares the machine with the test and its engine, and
+        llama.cpp's threads spin at each barrier while one of them waits for a core (two
+        threads on a busy 2-core machine decoded 1-3 tokens a second, burning both cores)."""
         command = [
             *(str(self.binary), "--model", self.model),
             *("--host", "127.0.0.1", "--port", str(self.port), "--ctx-size", str(N_CTX)),
-            *("--threads", "2", "--no-webui", *cpu_buffers.server_flags(), *self.extra),
+            *("--threads", "1", "--no-webui", *cpu_buffers.server_flags(), *self.extra),
         ]
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
