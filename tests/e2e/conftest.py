@@ -104,12 +104,17 @@ def shared_home(
 
 
 @pytest.fixture(scope="module")
-def served(shared_home: Callable[[str], Path]) -> Iterator[ServerThread]:
+def served(
+    shared_home: Callable[[str], Path], request: pytest.FixtureRequest
+) -> Iterator[ServerThread]:
     """A `stoke serve` on loopback with the default options and its own STOKE_HOME, shared by
-    a module's tests (a module that needs other options defines its own `served`)."""
+    a module's tests: on the tiny model where the module sets `SERVE_TINY = True` (a module
+    that needs other options defines its own `served`)."""
+    tiny = getattr(request.module, "SERVE_TINY", False)
+    model = request.getfixturevalue("tiny_model") if tiny else None
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
-        with ServerThread() as server:
+        with ServerThread(model=model) as server:
             yield server
 
 

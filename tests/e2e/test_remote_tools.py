@@ -14,8 +14,7 @@ refuses reaches the client as the remote's words.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import jsonschema
 import openai
@@ -28,13 +27,7 @@ from tests.e2e.test_server_tools import CLOCK, PERSON, TOPICS, WEATHER, _call, _
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def served(shared_home: Callable[[str], Path], tiny_model: str) -> Iterator[ServerThread]:
-    """The remote server, on the tiny model."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
-        with ServerThread(model=tiny_model) as server:
-            yield server
+SERVE_TINY = True  # conftest's `served` runs the tiny chat model
 
 
 @pytest.fixture(scope="module")

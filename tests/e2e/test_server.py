@@ -5,9 +5,6 @@ weights): its replies are random tokens, which the server must find again all th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
 import openai
 import pytest
 
@@ -24,13 +21,7 @@ FOLLOW_UPS = (
 )
 
 
-@pytest.fixture(scope="module")
-def served(shared_home: Callable[[str], Path], tiny_model: str) -> Iterator[ServerThread]:
-    """The module's server, on the tiny model."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
-        with ServerThread(model=tiny_model) as server:
-            yield server
+SERVE_TINY = True  # conftest's `served` runs the tiny chat model
 
 
 def _turn(client: openai.OpenAI, model: str, messages: list[dict], *, stream: bool):

@@ -42,13 +42,7 @@ WEATHER = {
 }
 
 
-@pytest.fixture(scope="module")
-def served(shared_home: Callable[[str], Path], tiny_model: str) -> Iterator[ServerThread]:
-    """The module's server, on the tiny model."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
-        with ServerThread(model=tiny_model) as server:
-            yield server
+SERVE_TINY = True  # conftest's `served` runs the tiny chat model
 
 
 def _client(served: ServerThread, key: str = API_KEY) -> anthropic.Anthropic:

@@ -7,8 +7,6 @@ valid)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -28,13 +26,7 @@ WEATHER = {
 }
 
 
-@pytest.fixture(scope="module")
-def served(shared_home: Callable[[str], Path], tiny_model: str) -> Iterator[ServerThread]:
-    """The module's server, on the tiny model."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("STOKE_HOME", str(shared_home("serve-home")))
-        with ServerThread(model=tiny_model) as server:
-            yield server
+SERVE_TINY = True  # conftest's `served` runs the tiny chat model
 
 
 def _create(served: ServerThread, stream: bool, **kwargs):
