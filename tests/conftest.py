@@ -59,10 +59,16 @@ def cpu_buffer_verdict(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def stoke_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_buffer_verdict: Path) -> Path:
     home = tmp_path / "stoke-home"
     monkeypatch.setenv("STOKE_HOME", str(home))
-    if cpu_buffer_verdict.exists():
+    return seeded(home, cpu_buffer_verdict)
+
+
+def seeded(home: Path, verdict: Path) -> Path:
+    """`home` holding this machine's CPU buffer verdict (when there is one): an engine in a
+    home without it probes the CPU again."""
+    if verdict.exists():
         cache = home / "cache"
-        cache.mkdir(parents=True, mode=0o700)
-        shutil.copy2(cpu_buffer_verdict, cache / VERDICT_FILE)
+        cache.mkdir(parents=True, mode=0o700, exist_ok=True)
+        shutil.copy2(verdict, cache / VERDICT_FILE)
     return home
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import shutil
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from app.engine.llamacpp.openmp import spin_briefly
 from app.engine.protocol import LoadOptions
 from app.models.default import default_model_path
 from app.session import ChatSession
-from tests.conftest import VERDICT_FILE
+from tests.conftest import seeded
 from tests.e2e.serving import ServerThread
 
 # Tests that load llama.cpp in this process get the engine process's barrier waits, set
@@ -94,11 +93,7 @@ def shared_home(
     it the engine probes the CPU again, children that cost about ten seconds of CPU."""
 
     def make(name: str) -> Path:
-        home = tmp_path_factory.mktemp(name)
-        if cpu_buffer_verdict.exists():
-            (home / "cache").mkdir(mode=0o700)
-            shutil.copy2(cpu_buffer_verdict, home / "cache" / VERDICT_FILE)
-        return home
+        return seeded(tmp_path_factory.mktemp(name), cpu_buffer_verdict)
 
     return make
 
