@@ -70,6 +70,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="scaled",
         help="model size: scaled (the tests' toy) or gpu (the release's attention widths)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time each part of both models (attention, indexer, experts, ...)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     parser.set_defaults(run=main)
 
@@ -141,7 +146,9 @@ def _agreement(models: dict[str, Any], tokens: list[int]) -> tuple[float, float]
     return float(np.abs(ours - theirs).max()), formats.top1_agreement(ours, theirs)
 
 
-def measure(prompt: int, decode: int, rounds: int, preset: str = "scaled") -> dict[str, Any]:
+def measure(
+    prompt: int, decode: int, rounds: int, preset: str = "scaled", parts: bool = False
+) -> dict[str, Any]:
     """Load both models from one release folder and measure them side by side. Exactness is
     measured twice: with every compressed row attended (the indexer picking all: the same
     function must give the same logits) and with the indexer picking 8 (Stoke's indexer reads
@@ -169,7 +176,7 @@ def measure(prompt: int, decode: int, rounds: int, preset: str = "scaled") -> di
         for name, kind, fn in steps:
             runs[name][kind].append(fn())
     medians = {n: {k: statistics.median(v) for k, v in kinds.items()} for n, kinds in runs.items()}
-    return {
+    report = {
         "device": str(mx.default_device()),
         "preset": preset,
         "machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
@@ -182,6 +189,11 @@ def measure(prompt: int, decode: int, rounds: int, preset: str = "scaled") -> di
         "runs": runs,
         "ratio": {k: medians["stoke"][k] / medians["mlx-vlm"][k] for k in ("prefill", "decode")},
     }
+    if parts:
+        from app.bench.deepseek_v4_profile import profile
+
+        report["profile"] = profile(models, tokens, min(decode, 16))
+    return report
 
 
 def decision(report: dict[str, Any]) -> str:
@@ -237,9 +249,13 @@ def main(args: argparse.Namespace) -> int:
             f"pip install --no-deps '{MLX_VLM}' pillow"
         )
         return 2
-    report = measure(args.prompt, args.decode, args.rounds, args.preset)
+    report = measure(args.prompt, args.decode, args.rounds, args.preset, args.profile)
     report["decision"] = decision(report)
     print(table(report))
+    if "profile" in report:
+        from app.bench import deepseek_v4_profile
+
+        print(deepseek_v4_profile.table(report["profile"]))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
     return 0

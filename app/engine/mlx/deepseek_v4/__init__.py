@@ -38,7 +38,7 @@ from app.engine.mlx.deepseek_v4.args import CSA_RATIO, HCA_RATIO, ModelArgs
 from app.engine.mlx.deepseek_v4.cache import DeepseekV4Cache
 from app.engine.mlx.deepseek_v4.compressor import Compressor
 from app.engine.mlx.deepseek_v4.hyper import HyperMix
-from app.engine.mlx.deepseek_v4.layers import RoPE, rms_norm, yarn
+from app.engine.mlx.deepseek_v4.layers import RoPE, grouped_linear, rms_norm, yarn
 from app.engine.mlx.deepseek_v4.moe import MoE
 from app.engine.mlx.deepseek_v4.weights import quantize_for, sanitize_checkpoint
 from app.engine.mlx.kernels import top_k_indices
@@ -161,10 +161,8 @@ class Attention(nn.Module):
                 q, k, mask, rows.astype(q.dtype), picked, sinks, scale
             )
         out = self._rope(out, offset, inverse=True).swapaxes(0, 1)  # [L, H, D]
-        out = out.reshape(n_q, self.n_groups, 1, -1)
-        groups = mx.broadcast_to(mx.arange(self.n_groups), (n_q, self.n_groups))
-        out = self.wo_a(out, groups).reshape(n_q, self.n_groups * self.group_rank)
-        return self.wo_b(out)
+        out = grouped_linear(self.wo_a, out.reshape(n_q, self.n_groups, -1).swapaxes(0, 1))
+        return self.wo_b(out.swapaxes(0, 1).reshape(n_q, self.n_groups * self.group_rank))
 
 
 def _window_and_picked_attention(
@@ -179,19 +177,32 @@ def _window_and_picked_attention(
     """Attention of q [H, L, D] over its window keys [S, D] and, per query, only the
     compressed rows the indexer picked (rows [n, D], picked [L, k], -1 for none), with one
     softmax across both and the sink. Gathering k rows per query keeps a long prompt's
-    cost at L x (window + k) instead of L x (window + all rows). K is V."""
+    cost at L x (window + k) instead of L x (window + all rows). K is V.
+
+    The two score blocks stay apart and in q's type: one normaliser (float32) is taken over
+    both and the sink, then each block becomes its weights, so no [H, L, S + k] float32 copy
+    of a long prompt's scores is made."""
     chosen = rows[mx.maximum(picked, 0)]  # [L, k, D]
-    by_query = q.swapaxes(0, 1)  # [L, H, D]
-    raw = (q @ window.T).astype(mx.float32) * scale  # [H, L, S]
-    raw = mx.where(window_mask[None], raw, -mx.inf)
-    sparse = (by_query @ chosen.swapaxes(1, 2)).astype(mx.float32) * scale  # [L, H, k]
+    q = q * scale
+    raw = mx.where(window_mask[None], q @ window.T, -mx.inf)  # [H, L, S]
+    sparse = q.swapaxes(0, 1) @ chosen.swapaxes(1, 2)  # [L, H, k]
     sparse = mx.where((picked >= 0)[:, None, :], sparse, -mx.inf).swapaxes(0, 1)
-    sink = mx.broadcast_to(sinks.astype(mx.float32)[:, None, None], (*raw.shape[:2], 1))
-    weights = mx.softmax(mx.concatenate([raw, sparse, sink], axis=-1), axis=-1)
-    n_window = window.shape[0]
-    p_raw = weights[..., :n_window].astype(q.dtype)
-    p_sparse = weights[..., n_window:-1].astype(q.dtype).swapaxes(0, 1)  # [L, H, k]
-    return p_raw @ window + (p_sparse @ chosen).swapaxes(0, 1)
+    p_raw, p_sparse = _split_softmax(raw, sparse, sinks)
+    return p_raw @ window + (p_sparse.swapaxes(0, 1) @ chosen).swapaxes(0, 1)
+
+
+@mx.compile
+def _split_softmax(raw: mx.array, sparse: mx.array, sinks: mx.array) -> tuple[mx.array, mx.array]:
+    """softmax over [raw | sparse | sink] along the last axis, returned as its two blocks."""
+    norm = mx.logaddexp(
+        mx.logsumexp(raw.astype(mx.float32), axis=-1, keepdims=True),
+        mx.logsumexp(sparse.astype(mx.float32), axis=-1, keepdims=True),
+    )
+    norm = mx.logaddexp(norm, sinks.astype(mx.float32)[:, None, None])
+    return (
+        mx.exp(raw.astype(mx.float32) - norm).astype(raw.dtype),
+        mx.exp(sparse.astype(mx.float32) - norm).astype(sparse.dtype),
+    )
 
 
 class Block(nn.Module):

@@ -77,6 +77,11 @@ class Compressor(nn.Module):
             span = slice(first * r - start, last * r - start)
             values = kv[span].reshape(n_blocks, r, d)
             gates = score[span].reshape(n_blocks, r, d)
-        rows = (values * mx.softmax(gates, axis=1)).sum(axis=1)
-        rows = self.norm(rows)
+        rows = self.norm(_gated_sum(values, gates))
         return self._rope(rows[None], first * r, stride=r)[0]
+
+
+@mx.compile
+def _gated_sum(values: mx.array, gates: mx.array) -> mx.array:
+    """Each block's rows weighed by the softmax of their gates over the block, summed."""
+    return (values * mx.softmax(gates, axis=1)).sum(axis=1)

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from app.engine.mlx.deepseek_v4.args import ModelArgs
@@ -14,6 +15,24 @@ from app.engine.mlx.deepseek_v4.args import ModelArgs
 
 def rms_norm(x: mx.array, eps: float) -> mx.array:
     return mx.fast.rms_norm(x, None, eps)
+
+
+def grouped_linear(layer: nn.Module, x: mx.array) -> mx.array:
+    """x [G, L, in] through a (quantized) SwitchLinear's G matrices -> [G, L, out] as one
+    batched matmul: every token uses every group here, where the layer's own call would
+    gather a matrix per token and group."""
+    if "scales" in layer:
+        return mx.quantized_matmul(
+            x,
+            layer["weight"],
+            scales=layer["scales"],
+            biases=layer.get("biases"),
+            transpose=True,
+            group_size=layer.group_size,
+            bits=layer.bits,
+            mode=layer.mode,
+        )
+    return x @ layer["weight"].swapaxes(-1, -2)
 
 
 class RoPE:

@@ -20,9 +20,14 @@ class ClampedSwiGLU(nn.Module):
         self.limit = limit
 
     def __call__(self, up: mx.array, gate: mx.array) -> mx.array:
-        if self.limit <= 1e-6:
-            return nn.silu(gate) * up
-        return nn.silu(mx.minimum(gate, self.limit)) * mx.clip(up, -self.limit, self.limit)
+        return _clamped_swiglu(up, gate, self.limit)
+
+
+@mx.compile
+def _clamped_swiglu(up: mx.array, gate: mx.array, limit: float) -> mx.array:
+    if limit <= 1e-6:
+        return nn.silu(gate) * up
+    return nn.silu(mx.minimum(gate, limit)) * mx.clip(up, -limit, limit)
 
 
 class SharedExpert(nn.Module):
@@ -71,16 +76,46 @@ class MoE(nn.Module):
 
     def __call__(self, x: mx.array, tokens: mx.array) -> mx.array:
         logits = x.astype(mx.float32) @ self.gate.weight.astype(mx.float32).T
-        probs = mx.sqrt(mx.logaddexp(logits, 0.0))
         if self.hashed:
-            experts = self.gate.tid2eid[tokens]
+            experts, weights = _hashed_route(
+                logits, self.gate.tid2eid[tokens], self.normalise, self.scale
+            )
         else:
-            biased = probs + self.gate.bias.astype(mx.float32)
-            experts = mx.argpartition(-biased, kth=self.top_k - 1, axis=-1)[:, : self.top_k]
-        weights = mx.take_along_axis(probs, experts, axis=-1)
-        if self.normalise:
-            weights = weights / mx.maximum(weights.sum(-1, keepdims=True), _WEIGHT_SUM_FLOOR)
-        weights = weights * self.scale
+            experts, weights = _route(
+                logits, self.gate.bias, self.top_k, self.normalise, self.scale
+            )
         routed = self.switch_mlp(x, experts)
-        routed = (routed * weights[..., None].astype(routed.dtype)).sum(axis=-2)
-        return routed + self.shared_experts(x)
+        return _weighted_sum(routed, weights) + self.shared_experts(x)
+
+
+# The router's element-wise steps compiled into a few kernels: decode launched them one by one.
+def _weights(probs: mx.array, experts: mx.array, normalise: bool, scale: float) -> mx.array:
+    weights = mx.take_along_axis(probs, experts, axis=-1)
+    if normalise:
+        weights = weights / mx.maximum(weights.sum(-1, keepdims=True), _WEIGHT_SUM_FLOOR)
+    return weights * scale
+
+
+@mx.compile
+def _route(
+    logits: mx.array, bias: mx.array, top_k: int, normalise: bool, scale: float
+) -> tuple[mx.array, mx.array]:
+    """sqrt(softplus) scores; the top k by score plus bias; their scores as weights."""
+    probs = mx.sqrt(mx.logaddexp(logits, 0.0))
+    biased = probs + bias.astype(mx.float32)
+    experts = mx.argpartition(-biased, kth=top_k - 1, axis=-1)[:, :top_k]
+    return experts, _weights(probs, experts, normalise, scale)
+
+
+@mx.compile
+def _hashed_route(
+    logits: mx.array, experts: mx.array, normalise: bool, scale: float
+) -> tuple[mx.array, mx.array]:
+    """The hash layers' table picks the experts; the scores still weigh them."""
+    probs = mx.sqrt(mx.logaddexp(logits, 0.0))
+    return experts, _weights(probs, experts, normalise, scale)
+
+
+@mx.compile
+def _weighted_sum(routed: mx.array, weights: mx.array) -> mx.array:
+    return (routed * weights[..., None].astype(routed.dtype)).sum(axis=-2)
