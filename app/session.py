@@ -10,8 +10,8 @@ window both drive turns through ChatSession; it knows nothing of terminals or Qt
 
 Tool calls and results (imported, or recorded from the API) go to the template as the server
 sends them: a result is a `tool` message naming its call, and a reply's calls are its exact
-tokens when this model made them, else written in the model family's syntax, which the
-caller hands in (`tool_syntax`: the server's, a room above this one).
+tokens when this model made them, else written in the model family's syntax (app/toolcalls/,
+the mechanism the server uses too).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from app.conversations import (
     Conversation,
@@ -30,7 +30,6 @@ from app.conversations import (
     Message,
     StoreError,
     StoreFullError,
-    ToolCall,
 )
 from app.conversations.served import Kept, ServedTurn, keep
 from app.engine.chat_template import ChatTemplate
@@ -47,6 +46,8 @@ from app.engine.protocol import (
     TokenEvent,
 )
 from app.engine.transcript import Transcript, Turn
+from app.toolcalls.syntax import syntax_for
+from app.toolcalls.tools import ToolCall
 
 SAVE_INTERVAL_S = 0.1
 TURN_POLL_S = 0.1  # how often a turn waiting on another process's turn looks again
@@ -108,15 +109,6 @@ class TurnResult:
         }
 
 
-class CallWriter(Protocol):
-    def render(self, calls: Sequence[ToolCall]) -> str:
-        """The reply text that makes these calls, as the model writes them."""
-        ...
-
-
-# (chat template source, model architecture) -> the model family's tool-call syntax
-ToolSyntaxOf = Callable[[str, str], CallWriter]
-
 OnToken = Callable[[TokenEvent], None]
 OnStart = Callable[[Message, Message], None]  # (user message, reply being written)
 
@@ -175,15 +167,9 @@ def _budget(max_tokens: int, continuing: Message | None, held: int) -> int:
 class ChatSession:
     """Turns for any conversation of one store, on one engine."""
 
-    def __init__(
-        self,
-        store: ConversationStore,
-        engine: EngineClient,
-        tool_syntax: ToolSyntaxOf | None = None,
-    ) -> None:
+    def __init__(self, store: ConversationStore, engine: EngineClient) -> None:
         self.store = store
         self.engine = engine
-        self.tool_syntax = tool_syntax
         self._transcripts: dict[str, _Cached] = {}  # by conversation id
         self._active: Generation | None = None
         self._unsaved: dict[str, dict[str, Any]] = {}  # reply id -> the write a full disk refused
@@ -545,13 +531,8 @@ class ChatSession:
         exact = tokens is not None and message.tokens_fingerprint == self.info.fingerprint
         if not message.tool_calls or exact:
             return Turn("assistant", message.content, tokens, message.tokens_fingerprint)
-        if self.tool_syntax is None:
-            raise EngineError(
-                "This conversation holds tool calls another model made, and this session was "
-                "given no tool-call syntax to write them for this one."
-            )
-        syntax = self.tool_syntax(self.template().source, self.info.architecture)
-        written = syntax.render(message.tool_calls)
+        syntax = syntax_for(self.template().source, self.info.architecture)
+        written = syntax.render([ToolCall(c.id, c.name, c.arguments) for c in message.tool_calls])
         content = message.content + "\n" if message.content else ""
         tokenizer = self.engine.local_tokenizer()
         ids = tokenizer.tokenize(content) + tokenizer.tokenize(written, special=True)

@@ -19,7 +19,7 @@ from typing import Literal, Protocol
 
 from app.server.replay import ReplyStore, calls_key
 from app.server.schema import Message
-from app.server.tools import ToolCall
+from app.toolcalls.tools import ToolCall
 
 MAX_CLIENT = 200  # characters of a user agent kept
 
