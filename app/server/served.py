@@ -94,13 +94,5 @@ def served_messages(
     return system, tuple(served)
 
 
-def shown_text(text: str, reasoning: str, content: str, calls: Sequence[ToolCall]) -> str:
-    """A reply's text for the window: as generated, or, when it made calls (shown as rows
-    of their own), its reasoning and content without the calls' syntax."""
-    if not calls:
-        return text
-    return f"<think>{reasoning}</think>\n\n{content}" if reasoning else content
-
-
 def client_of(user_agent: str | None) -> str | None:
     return user_agent.strip()[:MAX_CLIENT] or None if user_agent else None

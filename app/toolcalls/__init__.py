@@ -6,6 +6,6 @@ finished reply makes (calls.py), and the grammar that forces a call or a JSON an
 (grammar.py). What it refuses is a ToolError in words naming the field; each user words it
 for its own audience (the server as its 400).
 
-May import: engine (the grammar library's check). Never the server, the session or the UI:
-both of those import this room.
+May import: engine (chat templates, the grammar library's check). Never the server, the
+session or the UI: the server and the session both import this room.
 """

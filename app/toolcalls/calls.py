@@ -1,8 +1,10 @@
 """A finished reply's tool calls: parsed from the model's own syntax (syntax.py) and kept to
-the functions offered, each with a fresh id. The API server and the chat's tool loop read a
-reply's calls here alike."""
+the functions offered, each with a fresh id; and the reply's text as the window shows it
+beside them. The API server and the chat's tool loop read a reply's calls here alike."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from app.toolcalls.syntax import ParsedCall, ToolSyntax
 from app.toolcalls.tools import ToolCall, Tools, new_call_id
@@ -31,3 +33,11 @@ def reply_calls(tools: Tools, syntax: ToolSyntax, content: str) -> tuple[str, li
     rest, parsed = syntax.parse(content)
     calls = with_ids(syntax, parsed, tools)
     return (rest, calls) if calls else (content, [])
+
+
+def shown_text(text: str, reasoning: str, content: str, calls: Sequence[ToolCall]) -> str:
+    """A reply's text for the window: as generated, or, when it made calls (shown as rows
+    of their own), its reasoning and content without the calls' syntax."""
+    if not calls:
+        return text
+    return f"<think>{reasoning}</think>\n\n{content}" if reasoning else content

@@ -6,6 +6,8 @@ writes while it reasons is never taken for a call; the API server streams the tw
 
 from __future__ import annotations
 
+from app.engine.chat_template import ChatTemplate
+
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
@@ -73,3 +75,10 @@ def _partial_tag(text: str, tag: str) -> int:
         if tag.startswith(text[-n:]):
             return n
     return 0
+
+
+def opens_reasoning(template: ChatTemplate) -> bool:
+    """Whether the template's generation prompt ends inside `<think>` (the reply then starts
+    with reasoning and only closes the tag)."""
+    probe = template.render([{"role": "user", "content": "x"}], add_generation_prompt=True)
+    return probe.rstrip().endswith(THINK_OPEN)

@@ -13,7 +13,7 @@ import json
 import secrets
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_TOOLS = 128
@@ -81,6 +81,36 @@ class Tools:
     @property
     def names(self) -> list[str]:
         return [tool["function"]["name"] for tool in self.functions]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A function a model may be offered, whoever provides it (an MCP server, Python): its
+    name, what it does in words, and its parameters' JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+
+
+def tools_of(specs: Sequence[ToolSpec], choice: str = "auto") -> Tools:
+    """`specs` as the tools of a request with `tool_choice` `choice` (auto, none, required or
+    a function's name), checked by the rules every request's tools are: a ToolError says
+    which one is wrong."""
+    functions = [
+        {
+            "type": "function",
+            "function": {"name": s.name, "parameters": s.parameters}
+            | ({"description": s.description} if s.description else {}),
+        }
+        for s in specs
+    ]
+    named = choice not in ("auto", "none", "required")
+    return parse_tools(
+        {"tools": functions, "tool_choice": {"function": {"name": choice}} if named else choice}
+    )
 
 
 def canonical_json(text: str) -> Any:

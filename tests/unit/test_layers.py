@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.ui",),  # Qt only
     ("app.doctor",),
     ("app.server",),  # the local API
-    ("app.session", "app.launch"),  # one turn end to end; how a model loads
+    ("app.session", "app.tool_loop", "app.launch"),  # a turn (with tools); how a model loads
     ("app.toolcalls",),  # the tool-call mechanism the server and the session share
     ("app.remote_config",),
     ("app.settings", "app.presets", "app.models"),  # settings, prompt presets; the library
