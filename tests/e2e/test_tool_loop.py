@@ -110,7 +110,7 @@ def test_five_rounds_prefill_only_each_result_and_the_template_glue(
     )
     rounds = [e for e in events if isinstance(e, RoundDone)]
     assert [e.reply_id for e in rounds] == [r.id for r in replies]
-    for before, after, result in zip(replies, replies[1:], results, strict=True):
+    for before, after, result in zip(replies[:-1], replies[1:], results, strict=True):
         held, stats = before.stats, after.stats
         assert stats == next(e.stats for e in rounds if e.reply_id == after.id).as_dict()
         assert stats["reused_tokens"] == held["prompt_tokens"] + held["generated_tokens"]
@@ -125,19 +125,20 @@ def test_a_loop_killed_mid_way_goes_on_with_its_calls_kept(
     store: ConversationStore, engine_here: Engine, stoke_home: Path, tmp_path: Path
 ) -> None:
     conversation = store.create_conversation(sampling=SAMPLING)
-    marker = tmp_path / "second-call"
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.python_tools", conversation.id, str(marker)],
-        cwd=REPO,
-        env={**os.environ, "STOKE_HOME": str(stoke_home)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    marker, log = tmp_path / "second-call", tmp_path / "child.log"
+    with log.open("w") as errors:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.e2e.python_tools", conversation.id, str(marker)],
+            cwd=REPO,
+            env={**os.environ, "STOKE_HOME": str(stoke_home)},
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 240  # generous: a loaded machine starts an engine slowly
     while not marker.exists():
         assert time.monotonic() < deadline, "the loop never reached its second call"
-        assert child.poll() is None, "the loop ended before it could be killed"
+        assert child.poll() is None, f"the loop ended before it was killed: {log.read_text()}"
         time.sleep(0.05)
     os.killpg(child.pid, signal.SIGKILL)  # the loop and its engine child
     child.wait()
