@@ -10,18 +10,23 @@ window both drive turns through ChatSession; it knows nothing of terminals or Qt
 
 Tool calls and results (imported, or recorded from the API) go to the template as the server
 sends them: a result is a `tool` message naming its call, and a reply's calls are its exact
-tokens when this model made them, else written in the model family's syntax, which the
-caller hands in (`tool_syntax`: the server's, a room above this one).
+tokens when this model made them, else written in the model family's syntax (app/toolcalls/,
+the mechanism the server uses too). The tool loop (app/tool_loop.py) runs its rounds through
+`hold_turn` and `reply`: the tools told in the system prompt or the template's variables (part
+of the cached transcript's key, so each round extends the last), a grammar when a round must
+call, and `finish`, which stores a reply's calls in its last write; `cancel` also stops the
+call the loop waits on (`cancels`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from app.conversations import (
     Conversation,
@@ -30,7 +35,6 @@ from app.conversations import (
     Message,
     StoreError,
     StoreFullError,
-    ToolCall,
 )
 from app.conversations.served import Kept, ServedTurn, keep
 from app.engine.chat_template import ChatTemplate
@@ -47,6 +51,9 @@ from app.engine.protocol import (
     TokenEvent,
 )
 from app.engine.transcript import Transcript, Turn
+from app.toolcalls.prompt import ToolPrompt
+from app.toolcalls.syntax import syntax_for
+from app.toolcalls.tools import ToolCall
 
 SAVE_INTERVAL_S = 0.1
 TURN_POLL_S = 0.1  # how often a turn waiting on another process's turn looks again
@@ -108,17 +115,11 @@ class TurnResult:
         }
 
 
-class CallWriter(Protocol):
-    def render(self, calls: Sequence[ToolCall]) -> str:
-        """The reply text that makes these calls, as the model writes them."""
-        ...
-
-
-# (chat template source, model architecture) -> the model family's tool-call syntax
-ToolSyntaxOf = Callable[[str, str], CallWriter]
-
 OnToken = Callable[[TokenEvent], None]
 OnStart = Callable[[Message, Message], None]  # (user message, reply being written)
+# A reply's whole text -> the fields its last write adds (a tool round: the content shown and
+# the calls), so a reply and what it means are stored in one write.
+Finish = Callable[[str], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,11 @@ def user_content(text: str, attachments: Sequence[Mapping] = ()) -> str:
     one newline, which the tokenizers keep apart from the words typed after it)."""
     blocks = [f'<file name="{a["name"]}">\n{a["text"]}\n</file>\n' for a in attachments]
     return "".join(blocks) + text
+
+
+def _system(conversation: Conversation, tools: ToolPrompt | None) -> str | None:
+    """The system prompt the model reads: the conversation's, with the tools' block."""
+    return conversation.system_prompt if tools is None else tools.system(conversation.system_prompt)
 
 
 def sampling_of(conversation: Conversation) -> tuple[SamplingParams, int]:
@@ -175,19 +181,14 @@ def _budget(max_tokens: int, continuing: Message | None, held: int) -> int:
 class ChatSession:
     """Turns for any conversation of one store, on one engine."""
 
-    def __init__(
-        self,
-        store: ConversationStore,
-        engine: EngineClient,
-        tool_syntax: ToolSyntaxOf | None = None,
-    ) -> None:
+    def __init__(self, store: ConversationStore, engine: EngineClient) -> None:
         self.store = store
         self.engine = engine
-        self.tool_syntax = tool_syntax
         self._transcripts: dict[str, _Cached] = {}  # by conversation id
         self._active: Generation | None = None
         self._unsaved: dict[str, dict[str, Any]] = {}  # reply id -> the write a full disk refused
-        self._stop_waiting = False
+        self._cancelled = False  # cancel() was called since the turn began
+        self._waited_on: asyncio.Future | None = None  # work a turn awaits that cancel() stops
         # (reply id, progress) while a reply's prompt is read: the window shows it
         self.on_progress: Callable[[str, PrefillProgress], None] | None = None
 
@@ -198,11 +199,30 @@ class ChatSession:
         return self.engine.info
 
     def cancel(self) -> None:
-        """Stop the reply being generated, if any (it is kept and marked interrupted), or stop
-        waiting for another process's turn."""
-        self._stop_waiting = True
+        """Stop the reply being generated, if any (it is kept and marked interrupted), the
+        work the turn waits on (a tool call), or the wait for another process's turn."""
+        self._cancelled = True
         if self._active is not None:
             self._active.cancel()
+        if self._waited_on is not None:
+            self._waited_on.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether cancel() was called since the turn being run began."""
+        return self._cancelled
+
+    @contextmanager
+    def cancels(self, work: asyncio.Future) -> Iterator[None]:
+        """While inside, cancel() cancels `work` too: a tool call the turn waits on (at once,
+        when the turn was cancelled before it began)."""
+        self._waited_on = work
+        if self._cancelled:
+            work.cancel()
+        try:
+            yield
+        finally:
+            self._waited_on = None
 
     # -- turns --
 
@@ -227,11 +247,11 @@ class ChatSession:
         }
         if not text.strip():
             raise EmptyMessageError()
-        async with self._turn(conversation_id) as conversation:
+        async with self.hold_turn(conversation_id) as conversation:
             if parent_id is not None:
                 return await self._post(conversation, parent_id, text, attachments, **kwargs)
             user = self.store.append_user_message(conversation.id, text, attachments)
-            return await self._reply(conversation, user, **kwargs)
+            return await self.reply(conversation, user, **kwargs)
 
     async def _post(
         self,
@@ -247,7 +267,7 @@ class ChatSession:
         user = self._unanswered(parent_id, text, attachments) or self.store.add_message(
             conversation.id, parent_id, "user", text, attachments=attachments
         )
-        return await self._reply(conversation, user, **kwargs)
+        return await self.reply(conversation, user, **kwargs)
 
     def _unanswered(
         self, leaf_id: str | None, text: str, attachments: list[dict] | None
@@ -267,7 +287,7 @@ class ChatSession:
         old = self.store.get_message(user_message_id)
         if old.role != "user":
             raise EngineError("Only your own messages can be edited.")
-        async with self._turn(old.conversation_id) as conversation:
+        async with self.hold_turn(old.conversation_id) as conversation:
             return await self._post(conversation, old.parent_id, text, old.attachments, **kwargs)
 
     async def regenerate(self, reply_message_id: str, **kwargs: Any) -> TurnResult:
@@ -275,9 +295,9 @@ class ChatSession:
         old = self.store.get_message(reply_message_id)
         if old.role != "assistant" or old.parent_id is None:
             raise EngineError("Only a reply can be regenerated.")
-        async with self._turn(old.conversation_id) as conversation:
+        async with self.hold_turn(old.conversation_id) as conversation:
             user = self.store.get_message(old.parent_id)
-            return await self._reply(conversation, user, **kwargs)
+            return await self.reply(conversation, user, **kwargs)
 
     async def continue_reply(self, reply_message_id: str, **kwargs: Any) -> TurnResult:
         """Carry on an interrupted reply, or one cut at the length limit, where it stopped:
@@ -285,19 +305,19 @@ class ChatSession:
         old = self.store.get_message(reply_message_id)
         if old.role != "assistant" or not can_continue(old) or old.parent_id is None:
             raise EngineError("Only an interrupted reply can be continued.")
-        async with self._turn(old.conversation_id) as conversation:
+        async with self.hold_turn(old.conversation_id) as conversation:
             user = self.store.get_message(old.parent_id)
-            return await self._reply(conversation, user, continuing=old, **kwargs)
+            return await self.reply(conversation, user, continuing=old, **kwargs)
 
     @asynccontextmanager
-    async def _turn(self, conversation_id: str) -> AsyncIterator[Conversation]:
+    async def hold_turn(self, conversation_id: str) -> AsyncIterator[Conversation]:
         """Hold the conversation for one turn, so turns of several processes (window, CLI,
         scripts) take their turns instead of interleaving; yields the conversation as it is
         once held. `cancel` stops the wait."""
         self._save_unsaved()
-        self._stop_waiting = False
+        self._cancelled = False
         while (holder := self.store.claim_turn(conversation_id)) is not None:
-            if self._stop_waiting:
+            if self._cancelled:
                 raise ConversationBusyError(holder or None)
             await asyncio.sleep(TURN_POLL_S)
         try:
@@ -313,13 +333,13 @@ class ChatSession:
             self.store.update_message(reply_id, **update)
             del self._unsaved[reply_id]
 
-    async def _engine_ready(self) -> ModelInfo:
+    async def engine_ready(self) -> ModelInfo:
         """The loaded engine; one not started yet is started now, after the message is saved."""
         if self.engine.state == EngineState.STOPPED:
             return await self.engine.start()
         return await self.engine.ready()
 
-    async def _reply(
+    async def reply(
         self,
         conversation: Conversation,
         user: Message,
@@ -328,12 +348,22 @@ class ChatSession:
         continuing: Message | None = None,
         on_token: OnToken | None = None,
         on_start: OnStart | None = None,
+        tools: ToolPrompt | None = None,
+        grammar: str | None = None,
+        finish: Finish | None = None,
     ) -> TurnResult:
-        info = await self._engine_ready()
+        """A reply after `user` (the user's message, or a tool result in a tool loop), inside
+        a turn held with hold_turn. `tools` are told to the model in its prompt, `grammar`
+        constrains the reply, and `finish` adds fields to its last write when it completes."""
+        info = await self.engine_ready()
         history = self.store.path_to(user.id)
-        transcript, dropped = self._fit(conversation, history, info, drop_oldest=drop_oldest)
+        transcript, dropped = self._fit(
+            conversation, history, info, drop_oldest=drop_oldest, tools=tools
+        )
         prompt = transcript.prompt()
         sampling, max_tokens = sampling_of(conversation)
+        if grammar is not None:
+            sampling = dataclasses.replace(sampling, grammar=grammar)
         if continuing is None:
             reply = self.store.add_message(
                 conversation.id,
@@ -364,6 +394,7 @@ class ChatSession:
             slot=conversation.id,
             on_token=on_token,
             before=before,
+            finish=finish,
         )
         cached = self._transcripts.get(conversation.id)
         if cached is not None and cached.transcript is transcript and cached.ids[-1] == user.id:
@@ -392,9 +423,11 @@ class ChatSession:
         slot: str,
         on_token: OnToken | None,
         before: _Partial,
+        finish: Finish | None = None,
     ) -> tuple[str, list[int], GenerationStats | None, str]:
         """Generate into `reply` (after what it already holds), saving as it streams;
-        a crash or an error leaves it interrupted, never lost."""
+        a crash or an error leaves it interrupted, never lost. A complete reply's last write
+        carries what `finish` adds."""
         pieces: list[str] = [before.text]
         tokens: list[int] = list(before.tokens)
         saved_at = time.monotonic()
@@ -439,50 +472,65 @@ class ChatSession:
         stats = generation.stats
         cancelled = stats is not None and stats.finish_reason == FinishReason.CANCELLED
         status = "interrupted" if cancelled else "complete"
-        full = save(
-            status=status,
-            finish_reason=str(stats.finish_reason) if stats else None,
-            stats=stats.as_dict() if stats else None,
-        )
+        last: dict[str, Any] = {
+            "status": status,
+            "finish_reason": str(stats.finish_reason) if stats else None,
+            "stats": stats.as_dict() if stats else None,
+        }
+        if finish is not None and not cancelled:
+            last.update(finish("".join(pieces)))
+        full = save(**last)
         if full is not None:
             raise ReplyNotSavedError(full, "".join(pieces))
         return "".join(pieces), tokens, stats, status
 
     # -- prompts --
 
-    def transcript(self, conversation: Conversation, history: list[Message]) -> Transcript:
-        """The token-exact prompt of `history`, extended from the cached one when it can be.
-        A reply still streaming is not history yet: the path stops before it."""
+    def transcript(
+        self,
+        conversation: Conversation,
+        history: list[Message],
+        tools: ToolPrompt | None = None,
+    ) -> Transcript:
+        """The token-exact prompt of `history` (with `tools` told to the model), extended from
+        the cached one when it can be. A reply still streaming is not history yet: the path
+        stops before it."""
         info = self.info
         streaming = [i for i, m in enumerate(history) if m.status == "streaming"]
         history = history[: streaming[0]] if streaming else history
         ids = [m.id for m in history]
+        system = _system(conversation, tools)
         cached = self._transcripts.get(conversation.id)
         if (
             cached is not None
             and cached.transcript.fingerprint == info.fingerprint
-            and cached.transcript.template.key == self.template(conversation).key
-            and cached.system_prompt == conversation.system_prompt
+            and cached.transcript.template.key == self.template(conversation, tools).key
+            and cached.system_prompt == system
         ):
             shared = 0
             while shared < min(len(ids), len(cached.ids)) and ids[shared] == cached.ids[shared]:
                 shared += 1
             if shared < len(cached.ids):  # another branch: keep what the two share
-                cached.transcript.rewind(shared + (1 if conversation.system_prompt else 0))
+                cached.transcript.rewind(shared + (1 if system else 0))
             for message in history[shared:]:
                 self._add(cached.transcript, message)
             cached.ids = ids
             return cached.transcript
-        transcript = self._build(conversation, history)
-        self._transcripts[conversation.id] = _Cached(ids, conversation.system_prompt, transcript)
+        transcript = self._build(conversation, history, tools)
+        self._transcripts[conversation.id] = _Cached(ids, system, transcript)
         return transcript
 
-    def template(self, conversation: Conversation | None = None) -> ChatTemplate:
+    def template(
+        self, conversation: Conversation | None = None, tools: ToolPrompt | None = None
+    ) -> ChatTemplate:
         """The model's chat template, with the conversation's reasoning switch when the
-        template reads one (`enable_thinking`)."""
+        template reads one (`enable_thinking`), and the tools when it renders them."""
         info = self.info
         template = ChatTemplate(
-            info.chat_template, bos_token=info.bos_token, eos_token=info.eos_token
+            info.chat_template,
+            bos_token=info.bos_token,
+            eos_token=info.eos_token,
+            variables=tools.variables if tools is not None else None,
         )
         reasoning = (conversation.sampling if conversation else {}).get("reasoning")
         if reasoning is not None and template.supports_reasoning_switch:
@@ -512,13 +560,16 @@ class ChatSession:
         history = self.store.current_path(conversation.id)
         return self.transcript(conversation, history).preview(user_content(draft, attachments))
 
-    def _build(self, conversation: Conversation, history: list[Message]) -> Transcript:
+    def _build(
+        self, conversation: Conversation, history: list[Message], tools: ToolPrompt | None
+    ) -> Transcript:
         info = self.info
-        turns = [Turn("system", conversation.system_prompt)] if conversation.system_prompt else []
+        system = _system(conversation, tools)
+        turns = [Turn("system", system)] if system else []
         turns += [self._as_turn(m) for m in history]
         return Transcript.from_turns(
             turns,
-            template=self.template(conversation),
+            template=self.template(conversation, tools),
             tokenizer=self.engine.local_tokenizer(),
             fingerprint=info.fingerprint,
             bos_id=info.bos_id,
@@ -545,13 +596,8 @@ class ChatSession:
         exact = tokens is not None and message.tokens_fingerprint == self.info.fingerprint
         if not message.tool_calls or exact:
             return Turn("assistant", message.content, tokens, message.tokens_fingerprint)
-        if self.tool_syntax is None:
-            raise EngineError(
-                "This conversation holds tool calls another model made, and this session was "
-                "given no tool-call syntax to write them for this one."
-            )
-        syntax = self.tool_syntax(self.template().source, self.info.architecture)
-        written = syntax.render(message.tool_calls)
+        syntax = syntax_for(self.template().source, self.info.architecture)
+        written = syntax.render([ToolCall(c.id, c.name, c.arguments) for c in message.tool_calls])
         content = message.content + "\n" if message.content else ""
         tokenizer = self.engine.local_tokenizer()
         ids = tokenizer.tokenize(content) + tokenizer.tokenize(written, special=True)
@@ -564,15 +610,16 @@ class ChatSession:
         info: ModelInfo,
         *,
         drop_oldest: bool,
+        tools: ToolPrompt | None = None,
     ) -> tuple[Transcript, int]:
         """The transcript for `history`, or raise ContextOverflowError; with `drop_oldest`,
         leave out the oldest turns (never the system prompt) until it fits with room."""
-        transcript = self.transcript(conversation, history)
+        transcript = self.transcript(conversation, history, tools)
         prompt_len = len(transcript.prompt())
         if prompt_len < info.n_ctx:
             return transcript, 0
         budget = int(info.n_ctx * (1 - REPLY_ROOM))
-        alone = len(self._build(conversation, history[-1:]).prompt()) if history else 0
+        alone = len(self._build(conversation, history[-1:], tools).prompt()) if history else 0
         if alone > budget:  # leaving turns out cannot help: do not offer it
             raise MessageTooLongError(alone, info.n_ctx)
         if not drop_oldest:
@@ -580,7 +627,7 @@ class ChatSession:
         for start in range(1, len(history)):
             if history[start].role != "user":
                 continue
-            window = self._build(conversation, history[start:])
+            window = self._build(conversation, history[start:], tools)
             if len(window.prompt()) <= budget:
                 return window, start
         raise MessageTooLongError(alone, info.n_ctx)

@@ -23,7 +23,6 @@ from app.engine.protocol import (
 from app.engine.remote import MODES
 from app.launch import load_options_of
 from app.models.names import model_name
-from app.server.tool_templates import syntax_for
 from app.session import ChatSession, MessageTooLongError, ReplyNotSavedError, TurnResult
 
 HELP = """Commands:
@@ -107,7 +106,7 @@ async def _run(args: argparse.Namespace, store: ConversationStore) -> int:
     client = EngineClient(load_options_of(args), log_path=paths.cache_dir() / "engine.log")
     if not args.json:  # --json carries them in its output instead
         client.add_notice_listener(_warn)
-    session = ChatSession(store, client, tool_syntax=syntax_for)
+    session = ChatSession(store, client)
     conversation = _pick_conversation(args, store)
     try:
         if args.message is None and not sys.stdin.isatty() and not args.json:

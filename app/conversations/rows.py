@@ -11,6 +11,7 @@ import json
 import sys
 import uuid
 from array import array
+from collections.abc import Sequence
 from dataclasses import fields
 
 from app.conversations.models import Conversation, Message, ToolCall
@@ -65,10 +66,13 @@ def message_row(message: Message) -> tuple:
     values["token_ids"] = pack(message.token_ids)
     values["stats"] = dumps(message.stats)
     values["attachments"] = None if message.attachments is None else json.dumps(message.attachments)
-    values["tool_calls"] = (
-        json.dumps([call.record() for call in message.tool_calls]) if message.tool_calls else None
-    )
+    values["tool_calls"] = pack_calls(message.tool_calls)
     return tuple(values[name] for name in MESSAGE_FIELDS)
+
+
+def pack_calls(calls: Sequence[ToolCall]) -> str | None:
+    """An assistant message's calls as the tool_calls column keeps them (NULL: none)."""
+    return json.dumps([call.record() for call in calls]) if calls else None
 
 
 def conversation_of(row: tuple) -> Conversation:

@@ -396,9 +396,11 @@ class ConversationStore:
         status: Status | None = None,
         finish_reason: str | None = None,
         stats: dict | None = None,
+        tool_calls: Sequence[ToolCall] | None = None,
     ) -> None:
         """Overwrite the given fields: one UPDATE, cheap enough to call every ~100 ms while a
-        reply streams (streaming replies are not search-indexed until they stop)."""
+        reply streams (streaming replies are not search-indexed until they stop). A reply's
+        `tool_calls` are written with its last words, so the two are never apart on disk."""
         if status is not None:
             _check(status, STATUSES, "status")
         changes: dict[str, Any] = {
@@ -408,6 +410,7 @@ class ConversationStore:
             "status": status,
             "finish_reason": finish_reason,
             "stats": rows.dumps(stats),
+            "tool_calls": None if tool_calls is None else rows.pack_calls(tool_calls),
         }
         changes = {name: value for name, value in changes.items() if value is not None}
         if status == "streaming" and self._lease is not None:

@@ -1,7 +1,10 @@
 """The local OpenAI-compatible API server over the app's engine host (see app.py): OpenAI
 chat/completions/responses, Anthropic messages, exact replies, the API key. Every API runs on
-one request core (requests.py); app.py imports the dialects, which are handed the core.
+one request core (requests.py); app.py imports the dialects, which are handed the core. Tool
+calls (definitions, each family's syntax, parsing, the forcing grammar) are the tool-call
+room's, which the chat session uses too; what it refuses is answered here as a 400.
 
-May import: launch, session, settings, models (the key in the keychain), engine, paths.
+May import: launch, session, toolcalls, settings, models (the key in the keychain), engine,
+paths.
 Never the CLI or the UI (`app.cli.serve` and Settings > API Server drive it).
 """

@@ -34,12 +34,12 @@ from aiohttp import web
 from app.engine.protocol import EngineError
 from app.server.errors import ApiError, Shape, invalid
 from app.server.http import engine_error
-from app.server.replay import ReasoningSplitter
 from app.server.replies import Reply, finish_reason
 from app.server.requests import Job, RequestCore
 from app.server.schema import parse_chat
 from app.server.tool_replies import CallDelta, ToolStream
-from app.server.tools import ToolCall
+from app.toolcalls.reasoning import ReasoningSplitter
+from app.toolcalls.tools import ToolCall
 
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _ROUTES = ("/messages", "/messages/count_tokens")

@@ -63,7 +63,6 @@ from app.server.http import (
     write_event,
 )
 from app.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
-from app.server.replay import ReasoningSplitter
 from app.server.replies import Reply, finish_reason, usage
 from app.server.requests import RETRY_AFTER_S, Job, RequestCore, ServerConfig
 from app.server.responses import ResponsesApi
@@ -75,6 +74,7 @@ from app.server.schema import (
 )
 from app.server.served import ReplySink
 from app.server.tool_replies import CallDelta, ToolStream
+from app.toolcalls.reasoning import ReasoningSplitter
 
 logger = logging.getLogger("stoke.server")
 

@@ -9,7 +9,7 @@ renders only what it adds.
 
 Tools: a request's functions reach the model through its template's own `tools` (passed as a
 template variable by the caller) or, for a template that never mentions them, as a system
-block in the family's syntax (tool_templates.py); tool results are `tool` messages for the
+block in the family's syntax (app/toolcalls/); tool results are `tool` messages for the
 template; an assistant message's calls are the reply that made them (replay rule 4) or, new
 to this server, the calls written in the model's own syntax. A remote engine in chat mode
 gets them as OpenAI's fields instead (passthrough_variables), for its server to apply.
@@ -29,8 +29,9 @@ from app.engine.remote_wire import REQUEST_VARIABLE
 from app.engine.transcript import Tokenizer, Transcript
 from app.server.replay import ReplyStore, calls_key
 from app.server.schema import ChatRequest, Message
-from app.server.tool_templates import FAMILIES, ToolSyntax, renders_tools
-from app.server.tools import Tools
+from app.toolcalls.prompt import tool_prompt
+from app.toolcalls.syntax import FAMILIES, ToolSyntax
+from app.toolcalls.tools import Tools
 
 MAX_CACHED = 64  # conversations whose transcript is kept
 
@@ -119,19 +120,13 @@ def passthrough_variables(chat: ChatRequest) -> dict[str, Any]:
 def with_tools(
     messages: Sequence[Message], tools: Tools, source: str, syntax: ToolSyntax
 ) -> tuple[list[Message], dict[str, Any]]:
-    """The messages and extra template variables that tell the model about `tools`: the
-    template's own `tools` where it renders them, else the family's system block at the
-    end of the first system message (or as one)."""
+    """The messages and extra template variables that tell the model about `tools`
+    (app/toolcalls/prompt.py): the block goes at the end of the first system message, or is
+    one."""
     messages = list(messages)
-    if not tools.active:
-        return messages, {}
-    functions = [dict(t) for t in tools.functions]
-    if renders_tools(source):
-        return messages, {"tools": functions}
-    block = syntax.instructions([f["function"] for f in functions])
-    if messages and messages[0].role == "system":
-        first = messages[0]
-        messages[0] = dataclasses.replace(first, text=f"{first.text}\n\n{block}".lstrip())
-    else:
-        messages.insert(0, Message("system", block))
-    return messages, {}
+    told = tool_prompt(tools, source, syntax)
+    if told.block and messages and messages[0].role == "system":
+        messages[0] = dataclasses.replace(messages[0], text=told.system(messages[0].text) or "")
+    elif told.block:
+        messages.insert(0, Message("system", told.block))
+    return messages, dict(told.variables)

@@ -27,14 +27,15 @@ from app.models.names import model_name
 from app.server.grammar import constrained
 from app.server.http import read_body
 from app.server.prompts import ChatPrompts, passthrough_variables, with_tools
-from app.server.replay import THINK_OPEN, ReplyStore, calls_key, split_reasoning
+from app.server.replay import ReplyStore, calls_key
 from app.server.replies import Reply, finish_reason
 from app.server.schema import ApiError, ChatRequest, GenerationParams, Message
-from app.server.served import ReplySink, ServedReply, client_of, served_messages, shown_text
+from app.server.served import ReplySink, ServedReply, client_of, served_messages
 from app.server.slots import SlotMap
-from app.server.tool_replies import reply_calls
-from app.server.tool_templates import FAMILIES, ToolSyntax, syntax_for
-from app.server.tools import ToolCall, Tools
+from app.toolcalls.calls import reply_calls, shown_text
+from app.toolcalls.reasoning import opens_reasoning, split_reasoning
+from app.toolcalls.syntax import FAMILIES, ToolSyntax, syntax_for
+from app.toolcalls.tools import ToolCall, Tools
 
 logger = logging.getLogger("stoke.server")
 
@@ -169,8 +170,7 @@ class RequestCore:
         """Whether the template's generation prompt ends inside `<think>` (the reply then
         starts with reasoning and only closes the tag)."""
         if template.key not in self._opened:
-            probe = template.render([{"role": "user", "content": "x"}], add_generation_prompt=True)
-            self._opened[template.key] = probe.rstrip().endswith(THINK_OPEN)
+            self._opened[template.key] = opens_reasoning(template)
         return self._opened[template.key]
 
     async def generate(

@@ -25,12 +25,12 @@ from aiohttp import web
 from app.engine.protocol import EngineError
 from app.server.errors import ApiError, invalid
 from app.server.http import engine_error
-from app.server.replay import ReasoningSplitter
 from app.server.replies import Reply, finish_reason, usage
 from app.server.requests import Job, RequestCore
 from app.server.schema import parse_chat
 from app.server.tool_replies import ToolStream
-from app.server.tools import ToolCall
+from app.toolcalls.reasoning import ReasoningSplitter
+from app.toolcalls.tools import ToolCall
 
 MAX_STORED = 1024  # conversations previous_response_id can continue
 

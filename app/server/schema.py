@@ -5,7 +5,7 @@ client author can fix the call from the message alone. Fields that do not change
 (user, metadata, ...) are ignored, as other OpenAI-compatible servers do; sampling fields are
 honoured within their ranges (penalties, logit_bias); fields whose meaning Stoke cannot honour
 (n > 1, best_of > 1, suffix) are refused rather than silently dropped. Tools, tool calls and
-`response_format` are read by tools.py.
+`response_format` are read by the tool-call room (app/toolcalls/tools.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from app.engine.protocol import SamplingParams
 from app.engine.transcript import Role
 from app.server.errors import ApiError
 from app.server.errors import invalid as _invalid
-from app.server.tools import (
+from app.toolcalls.tools import (
     ResponseFormat,
     ToolCall,
+    ToolError,
     Tools,
     parse_response_format,
     parse_tool_calls,
@@ -125,6 +126,15 @@ def _path(where: str, key: str | int) -> str:
 
 
 def parse_chat(body: Mapping[str, Any]) -> ChatRequest:
+    """A chat request; what the tool-call room refuses (app/toolcalls/tools.py) is answered as
+    the 400 naming its field, like every other field here."""
+    try:
+        return _chat(body)
+    except ToolError as error:
+        raise _invalid(error.field, error.message) from None
+
+
+def _chat(body: Mapping[str, Any]) -> ChatRequest:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise _invalid("messages", "`messages` must be a non-empty list of messages.")

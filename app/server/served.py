@@ -19,7 +19,7 @@ from typing import Literal, Protocol
 
 from app.server.replay import ReplyStore, calls_key
 from app.server.schema import Message
-from app.server.tools import ToolCall
+from app.toolcalls.tools import ToolCall
 
 MAX_CLIENT = 200  # characters of a user agent kept
 
@@ -92,14 +92,6 @@ def served_messages(
             )
         )
     return system, tuple(served)
-
-
-def shown_text(text: str, reasoning: str, content: str, calls: Sequence[ToolCall]) -> str:
-    """A reply's text for the window: as generated, or, when it made calls (shown as rows
-    of their own), its reasoning and content without the calls' syntax."""
-    if not calls:
-        return text
-    return f"<think>{reasoning}</think>\n\n{content}" if reasoning else content
 
 
 def client_of(user_agent: str | None) -> str | None:

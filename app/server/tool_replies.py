@@ -1,5 +1,5 @@
-"""A reply's tool calls as the client gets them: parsed from the model's own syntax
-(tool_templates.py), given ids, and streamed as `delta.tool_calls` chunks.
+"""A reply's tool calls as the client gets them, streamed as `delta.tool_calls` chunks: parsed
+from the model's own syntax and given ids as app/toolcalls/ reads every reply's calls.
 
 Streaming sends content as it comes until the family's opening marker (or what may be its
 start) appears; from there the text is held (and the blank before the marker is dropped, as
@@ -20,35 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.server.tool_templates import ParsedCall, ToolSyntax
-from app.server.tools import ToolCall, Tools, new_call_id
+from app.toolcalls.calls import with_ids
+from app.toolcalls.syntax import ToolSyntax
+from app.toolcalls.tools import ToolCall, Tools, new_call_id
 
 _PYTHON_TAG = "<|python_tag|>"
-
-
-def with_ids(syntax: ToolSyntax, parsed: list[ParsedCall], tools: Tools) -> list[ToolCall]:
-    """Calls to functions the request offers, each with a fresh id (Mistral's templates take
-    only 9 letters and digits); one call only when parallel calls are off."""
-    offered = set(tools.names)
-    calls = [
-        ToolCall(
-            new_call_id(9, prefix="") if syntax.family == "mistral" else new_call_id(),
-            call.name,
-            call.arguments,
-        )
-        for call in parsed
-        if call.name in offered
-    ]
-    return calls[:1] if not tools.parallel else calls
-
-
-def reply_calls(tools: Tools, syntax: ToolSyntax, content: str) -> tuple[str, list[ToolCall]]:
-    """A finished reply's (content, calls) when the request offered tools."""
-    if not tools.active:
-        return content, []
-    rest, parsed = syntax.parse(content)
-    calls = with_ids(syntax, parsed, tools)
-    return (rest, calls) if calls else (content, [])
 
 
 @dataclass(frozen=True)

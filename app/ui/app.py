@@ -15,7 +15,6 @@ from app import paths
 from app.conversations import ConversationStore, StoreError
 from app.engine.host import EngineClient
 from app.engine.protocol import EngineError, LoadOptions
-from app.server.tool_templates import syntax_for
 from app.session import ChatSession
 from app.settings import Settings
 from app.ui import theme
@@ -42,7 +41,7 @@ async def open_window(
     the UI benchmark and the window tests all run."""
     store = ConversationStore.open()
     client = EngineClient(options, log_path=paths.cache_dir() / "engine.log")
-    session = ChatSession(store, client, tool_syntax=syntax_for)
+    session = ChatSession(store, client)
     window = MainWindow(session, window_settings())
     if theme:
         window.apply_theme(theme)

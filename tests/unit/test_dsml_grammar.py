@@ -8,9 +8,9 @@ import llguidance
 import pytest
 
 from app.engine.constraint import tokenizer_from_pieces
-from app.server.grammar import reply_grammar
-from app.server.tool_templates import FAMILIES
-from app.server.tools import ResponseFormat, ToolCall, parse_tools
+from app.toolcalls.grammar import reply_grammar
+from app.toolcalls.syntax import FAMILIES
+from app.toolcalls.tools import ResponseFormat, ToolCall, parse_tools
 
 CLOCK = {
     "type": "function",

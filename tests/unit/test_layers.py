@@ -21,8 +21,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.bench",),  # benchmarks: they drive the window, the server and the engines
     ("app.ui",),  # Qt only
     ("app.doctor",),
-    ("app.server",),  # the local API
+    ("app.server", "app.tool_loop"),  # the local API; the chat's turns with tools
     ("app.session", "app.launch"),  # one turn end to end; how a model loads
+    ("app.toolcalls",),  # the tool-call mechanism the server and the session share
     ("app.remote_config",),
     ("app.settings", "app.presets", "app.models"),  # settings, prompt presets; the library
     ("app.hardware",),  # detection and the offload planner

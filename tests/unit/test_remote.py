@@ -37,8 +37,8 @@ from app.engine.transcript import Transcript
 from app.server.prompts import ChatPrompts, passthrough_variables
 from app.server.replay import ReplyStore, calls_key
 from app.server.schema import parse_chat
-from app.server.tool_replies import reply_calls
-from app.server.tool_templates import syntax_for
+from app.toolcalls.calls import reply_calls
+from app.toolcalls.syntax import syntax_for
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -11,12 +11,12 @@ import pytest
 
 from app.server.anthropic import to_chat_body
 from app.server.errors import ApiError
-from app.server.grammar import reply_grammar
 from app.server.replay import ReplyStore, calls_key
 from app.server.responses import _items
 from app.server.schema import parse_chat
-from app.server.tool_templates import FAMILIES
-from app.server.tools import ResponseFormat, ToolCall, parse_tools
+from app.toolcalls.grammar import reply_grammar
+from app.toolcalls.syntax import FAMILIES
+from app.toolcalls.tools import ResponseFormat, ToolCall, parse_tools
 
 WEATHER = {
     "type": "function",

@@ -13,10 +13,11 @@ from app.engine.protocol import ModelInfo
 from app.models.default import default_model_path
 from app.server import auth
 from app.server.prompts import ChatPrompts
-from app.server.replay import ReasoningSplitter, ReplyStore, split_reasoning
+from app.server.replay import ReplyStore
 from app.server.replies import Reply
 from app.server.schema import ApiError, Message, parse_chat, parse_completion
 from app.server.slots import SlotMap
+from app.toolcalls.reasoning import ReasoningSplitter, split_reasoning
 
 FP = "model-a"
 

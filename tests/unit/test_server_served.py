@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from app.server.replay import ReplyStore, calls_key
 from app.server.schema import Message
-from app.server.served import client_of, served_messages, shown_text
-from app.server.tools import ToolCall
+from app.server.served import client_of, served_messages
+from app.toolcalls.calls import shown_text
+from app.toolcalls.tools import ToolCall
 
 CALL = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
 

@@ -1,6 +1,6 @@
 """How the session puts tool calls and tool results into the prompt: a real store, the real
-ChatML template and the server's own tool syntax, with a tokenizer that keeps each piece of
-text whole so the prompt reads back as text."""
+ChatML template and the tool-call syntax the server uses too, with a tokenizer that keeps each
+piece of text whole so the prompt reads back as text."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 
 from app.conversations import ConversationStore, ToolCall
 from app.engine.chat_template import CHATML
-from app.engine.protocol import EngineError, ModelInfo
-from app.server.tool_templates import syntax_for
+from app.engine.protocol import ModelInfo
 from app.session import ChatSession
 
 FP = "model-fingerprint"
@@ -94,7 +93,7 @@ def test_calls_made_elsewhere_are_written_as_the_model_writes_them(
     store: ConversationStore,
 ) -> None:
     engine = Engine()
-    session = ChatSession(store, engine, tool_syntax=syntax_for)
+    session = ChatSession(store, engine)
 
     text = engine.tokenizer.text(_prompt(session, _imported(store)))
 
@@ -117,7 +116,7 @@ def test_calls_made_elsewhere_are_written_as_the_model_writes_them(
 
 def test_calls_this_model_made_keep_their_exact_tokens(store: ConversationStore) -> None:
     engine = Engine()
-    session = ChatSession(store, engine, tool_syntax=syntax_for)
+    session = ChatSession(store, engine)
 
     prompt = _prompt(session, _imported(store, exact=True))
 
@@ -131,17 +130,10 @@ def test_turn_by_turn_gives_the_same_prompt_as_from_scratch(store: ConversationS
     cid = _imported(store)
     path = store.current_path(cid)
     engine = Engine()
-    session = ChatSession(store, engine, tool_syntax=syntax_for)
+    session = ChatSession(store, engine)
     conversation = store.get_conversation(cid)
     session.transcript(conversation, path[:1]).prompt()
     stepped = session.transcript(conversation, path).prompt()
 
-    fresh = ChatSession(store, engine, tool_syntax=syntax_for)
+    fresh = ChatSession(store, engine)
     assert engine.tokenizer.text(stepped) == engine.tokenizer.text(_prompt(fresh, cid))
-
-
-def test_without_a_tool_syntax_the_session_says_so(store: ConversationStore) -> None:
-    session = ChatSession(store, Engine())
-
-    with pytest.raises(EngineError, match="holds tool calls another model made"):
-        _prompt(session, _imported(store))

@@ -9,10 +9,11 @@ import json
 
 import pytest
 
-from app.server.json_prefix import scan
-from app.server.tool_replies import ToolStream, reply_calls
-from app.server.tool_templates import FAMILIES
-from app.server.tools import Tools
+from app.server.tool_replies import ToolStream
+from app.toolcalls.calls import reply_calls
+from app.toolcalls.json_prefix import scan
+from app.toolcalls.syntax import FAMILIES
+from app.toolcalls.tools import Tools
 
 
 def _tool(name: str) -> dict:

@@ -15,8 +15,8 @@ from app.server.prompts import ChatPrompts, with_tools
 from app.server.replay import ReplyStore
 from app.server.schema import parse_chat
 from app.server.tool_replies import ToolStream
-from app.server.tool_templates import FAMILIES, ParsedCall, renders_tools, syntax_for
-from app.server.tools import ToolCall
+from app.toolcalls.syntax import FAMILIES, ParsedCall, renders_tools, syntax_for
+from app.toolcalls.tools import ToolCall
 
 TEMPLATES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 WEATHER = {

@@ -1,12 +1,12 @@
 """How much of a JSON value, written so far, can already be shown: the longest prefix that
 closing brackets (and a quote) would make valid JSON.
 
-A tool call's arguments stream as the model samples them (tool_replies.ToolStream). What is
-sent cannot be taken back, so only text that stays valid JSON whatever comes next is sent:
-an opening bracket, a finished value, the characters of a string value; never half a key,
-a bare `,` or `:`, or a number that may still grow. If the reply ends there (or turns into
-something that is not JSON), `completion` closes what is open, and the client's arguments
-are still a JSON object.
+A tool call's arguments stream as the model samples them (app/server/tool_replies.py's
+ToolStream). What is sent cannot be taken back, so only text that stays valid JSON whatever
+comes next is sent: an opening bracket, a finished value, the characters of a string value;
+never half a key, a bare `,` or `:`, or a number that may still grow. If the reply ends there
+(or turns into something that is not JSON), `completion` closes what is open, and the
+client's arguments are still a JSON object.
 """
 
 from __future__ import annotations

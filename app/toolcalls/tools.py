@@ -1,9 +1,10 @@
-"""Function tools in requests: `tools`, `tool_choice`, `parallel_tool_calls`, the tool calls of
-assistant messages, and `response_format`, checked and turned into typed values.
+"""Function tools: `tools`, `tool_choice`, `parallel_tool_calls`, the tool calls of assistant
+messages, and `response_format`, in OpenAI's request shape, checked and turned into typed values.
 
-A tool call's arguments are kept as the JSON text the client sent and compared by their
+A tool call's arguments are kept as the JSON text they came as and compared by their
 canonical form (parsed, keys sorted, no whitespace), so a client that re-serializes them still
-names the same call (replay.py). Every refusal says which field is wrong and how to fix it.
+names the same call (the server's replay.py). Every refusal is a ToolError that says which
+field is wrong and how to fix it; the API server answers it as its own 400.
 """
 
 from __future__ import annotations
@@ -12,13 +13,21 @@ import json
 import secrets
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-
-from app.server.errors import invalid
 
 MAX_TOOLS = 128
 _ID_ALPHABET = string.ascii_letters + string.digits
+
+
+class ToolError(ValueError):
+    """Tools, a tool choice or calls that cannot be used: `field` names what is wrong (as a
+    request writes it, e.g. `tools[2].function.name`), `message` says how to fix it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,36 @@ class Tools:
         return [tool["function"]["name"] for tool in self.functions]
 
 
+@dataclass(frozen=True)
+class ToolSpec:
+    """A function a model may be offered, whoever provides it (an MCP server, Python): its
+    name, what it does in words, and its parameters' JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+
+
+def tools_of(specs: Sequence[ToolSpec], choice: str = "auto") -> Tools:
+    """`specs` as the tools of a request with `tool_choice` `choice` (auto, none, required or
+    a function's name), checked by the rules every request's tools are: a ToolError says
+    which one is wrong."""
+    functions = [
+        {
+            "type": "function",
+            "function": {"name": s.name, "parameters": s.parameters}
+            | ({"description": s.description} if s.description else {}),
+        }
+        for s in specs
+    ]
+    named = choice not in ("auto", "none", "required")
+    return parse_tools(
+        {"tools": functions, "tool_choice": {"function": {"name": choice}} if named else choice}
+    )
+
+
 def canonical_json(text: str) -> Any:
     """Arguments parsed for comparison; text that is not JSON compares as itself."""
     try:
@@ -94,31 +133,31 @@ def parse_tools(body: Mapping[str, Any]) -> Tools:
     if raw is None:
         raw = []
     if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
-        raise invalid("tools", f"`tools` must be a list of up to {MAX_TOOLS} function tools.")
+        raise ToolError("tools", f"`tools` must be a list of up to {MAX_TOOLS} function tools.")
     functions = tuple(_tool(i, t) for i, t in enumerate(raw))
     names = [f["function"]["name"] for f in functions]
     if len(set(names)) != len(names):
-        raise invalid("tools", "Two tools share a name; each function needs its own name.")
+        raise ToolError("tools", "Two tools share a name; each function needs its own name.")
     choice, name = _choice(body.get("tool_choice", body.get("function_call")), names)
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
-        raise invalid("parallel_tool_calls", "`parallel_tool_calls` must be true or false.")
+        raise ToolError("parallel_tool_calls", "`parallel_tool_calls` must be true or false.")
     return Tools(functions, choice, name, parallel)
 
 
 def _tool(index: int, raw: Any) -> dict[str, Any]:
     where = f"tools[{index}]"
     if not isinstance(raw, Mapping) or raw.get("type", "function") != "function":
-        raise invalid(where, f'{where} must be a function tool: {{"type": "function", ...}}.')
+        raise ToolError(where, f'{where} must be a function tool: {{"type": "function", ...}}.')
     function = raw.get("function")
     if not isinstance(function, Mapping):
-        raise invalid(f"{where}.function", f"{where}.function must be an object with a name.")
+        raise ToolError(f"{where}.function", f"{where}.function must be an object with a name.")
     name = function.get("name")
     if not isinstance(name, str) or not name or len(name) > 64:
-        raise invalid(f"{where}.function.name", f"{where} needs a name of 1 to 64 characters.")
+        raise ToolError(f"{where}.function.name", f"{where} needs a name of 1 to 64 characters.")
     parameters = function.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(parameters, Mapping):
-        raise invalid(
+        raise ToolError(
             f"{where}.function.parameters", f"{where}'s parameters must be a JSON schema object."
         )
     entry = {"name": name, "parameters": dict(parameters)}
@@ -132,18 +171,18 @@ def _choice(raw: Any, names: Sequence[str]) -> tuple[str, str | None]:
         return "auto", None
     if raw in ("auto", "none", "required"):
         if raw == "required" and not names:
-            raise invalid("tool_choice", '`tool_choice` "required" needs at least one tool.')
+            raise ToolError("tool_choice", '`tool_choice` "required" needs at least one tool.')
         return raw, None
     if isinstance(raw, Mapping):
         function = raw.get("function") if raw.get("type", "function") == "function" else None
         name = function.get("name") if isinstance(function, Mapping) else raw.get("name")
         if isinstance(name, str) and name in names:
             return "function", name
-        raise invalid(
+        raise ToolError(
             "tool_choice",
             f"`tool_choice` names the function {str(name)[:64]!r}, which is not among `tools`.",
         )
-    raise invalid(
+    raise ToolError(
         "tool_choice",
         '`tool_choice` must be "auto", "none", "required" or '
         '{"type": "function", "function": {"name": ...}}.',
@@ -155,14 +194,14 @@ def parse_tool_calls(where: str, raw: Any) -> tuple[ToolCall, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        raise invalid(f"{where}.tool_calls", f"{where}.tool_calls must be a list.")
+        raise ToolError(f"{where}.tool_calls", f"{where}.tool_calls must be a list.")
     calls = []
     for i, call in enumerate(raw):
         at = f"{where}.tool_calls[{i}]"
         function = call.get("function") if isinstance(call, Mapping) else None
         name = function.get("name") if isinstance(function, Mapping) else None
         if not isinstance(name, str) or not name:
-            raise invalid(at, f"{at} must have function.name and function.arguments.")
+            raise ToolError(at, f"{at} must have function.name and function.arguments.")
         arguments = function.get("arguments", "{}")
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)
@@ -192,12 +231,12 @@ def parse_response_format(raw: Any) -> ResponseFormat:
         spec = raw.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, Mapping) else None
         if not isinstance(schema, Mapping):
-            raise invalid(
+            raise ToolError(
                 "response_format",
                 "`response_format.json_schema.schema` must be a JSON schema object.",
             )
         return ResponseFormat("json_schema", dict(schema), spec.get("strict") is True)
-    raise invalid(
+    raise ToolError(
         "response_format",
         '`response_format.type` must be "text", "json_object" or "json_schema".',
     )

@@ -11,7 +11,7 @@ Families, chosen from the chat template's text:
   <｜tool▁calls▁end｜>` (DeepSeek V3.1; V3's `function<｜tool▁sep｜>name` with a json code
   fence is read too);
 - deepseek-v3.2 and deepseek-v4: DSML invokes in a `<｜DSML｜function_calls>` (V3.2) or
-  `<｜DSML｜tool_calls>` (V4) block (tool_dsml.py), chosen by the template's text or, for a
+  `<｜DSML｜tool_calls>` (V4) block (dsml.py), chosen by the template's text or, for a
   model whose GGUF carries no template of its own, by its architecture (`deepseek4`).
 
 A call's arguments are the JSON text the model wrote (checked to be a JSON object), or the
@@ -32,9 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.server import tool_dsml
-from app.server.json_prefix import scan
-from app.server.tools import ToolCall
+from app.toolcalls import dsml
+from app.toolcalls.json_prefix import scan
+from app.toolcalls.tools import ToolCall
 
 _DS = {
     "calls_begin": "<｜tool▁calls▁begin｜>",
@@ -93,9 +93,7 @@ class ToolSyntax:
             ]
             return "[TOOL_CALLS][" + ", ".join(entries) + "]"
         if self.family in _DSML_BLOCKS:
-            return tool_dsml.render(
-                [(c.name, c.arguments) for c in calls], _DSML_BLOCKS[self.family]
-            )
+            return dsml.render([(c.name, c.arguments) for c in calls], _DSML_BLOCKS[self.family])
         if self.family == "deepseek":
             inner = "".join(
                 f"{_DS['call_begin']}{c.name}{_DS['sep']}{_compact(c.arguments)}{_DS['call_end']}"
@@ -124,7 +122,7 @@ class ToolSyntax:
             return text, []
         content, rest = text[:at].rstrip(), text[at:]
         if self.family in _DSML_BLOCKS:
-            calls = [ParsedCall(*c) for c in tool_dsml.parse(rest, _DSML_BLOCKS[self.family])]
+            calls = [ParsedCall(*c) for c in dsml.parse(rest, _DSML_BLOCKS[self.family])]
         else:
             calls = {
                 "mistral": _parse_mistral,
@@ -136,7 +134,7 @@ class ToolSyntax:
         """The calls of `text` (from `start` on) as far as they are written, for the
         families whose arguments can stream (hermes, deepseek, DSML); [] for the others."""
         if self.family in _DSML_BLOCKS:
-            return [PartialCall(*c) for c in tool_dsml.partial(text, _DSML_BLOCKS[self.family])]
+            return [PartialCall(*c) for c in dsml.partial(text, _DSML_BLOCKS[self.family])]
         if self.family == "deepseek":
             return _partial_deepseek(text)
         if self.family == "hermes":
@@ -146,7 +144,7 @@ class ToolSyntax:
     def instructions(self, functions: Sequence[dict[str, Any]]) -> str:
         """The system block that tells a model without a tools template what it may call."""
         if self.family in _DSML_BLOCKS:
-            return tool_dsml.instructions(functions, _DSML_BLOCKS[self.family])
+            return dsml.instructions(functions, _DSML_BLOCKS[self.family])
         listed = "\n".join(json.dumps(f, ensure_ascii=False) for f in functions)
         example = self.render([ToolCall("call0abcd", "<function-name>", '"<args-json-object>"')])
         example = example.replace('"<function-name>"', "<function-name>").replace(
@@ -167,14 +165,14 @@ FAMILIES = {
     "llama3": ToolSyntax("llama3", ""),
     "mistral": ToolSyntax("mistral", "[TOOL_CALLS]"),
     "deepseek": ToolSyntax("deepseek", _DS["calls_begin"]),
-    **{family: ToolSyntax(family, tool_dsml.start(b)) for family, b in _DSML_BLOCKS.items()},
+    **{family: ToolSyntax(family, dsml.start(b)) for family, b in _DSML_BLOCKS.items()},
 }
 
 
 def syntax_for(template_source: str, architecture: str = "") -> ToolSyntax:
     """The family a chat template's text belongs to; for a template that names none, the
     model architecture's (GGUF `general.architecture`), else hermes."""
-    if tool_dsml.DSML in template_source:  # V3.2 names its block, V4's is "tool_calls"
+    if dsml.DSML in template_source:  # V3.2 names its block, V4's is "tool_calls"
         return FAMILIES["deepseek-v3.2" if "function_calls" in template_source else "deepseek-v4"]
     if _DS["calls_begin"] in template_source:
         return FAMILIES["deepseek"]
