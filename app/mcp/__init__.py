@@ -1,6 +1,6 @@
 """MCP servers and their tools: the Model Context Protocol client room.
 
-May import: paths and stored only (ground), and the official `mcp` SDK. It knows nothing of
+May import: paths, stored and units only (ground), and the official `mcp` SDK. It knows nothing of
 engines, Qt, the session or the server: it keeps the list of servers, connects to them, calls
 their tools and shapes what they answer; whoever runs a tool loop decides when to call.
 

@@ -42,6 +42,7 @@ from app.mcp.stderr import StderrTail
 
 START_TIMEOUT_S = 60.0  # a first `npx` or `uvx` start downloads its package
 LIST_PAGES = 100  # pages of tools read at most: a server that pages forever cannot hang a start
+LAST_WORDS_WAIT_S = 2.0  # how long a failure waits for the rest of a dying server's stderr
 
 Phase = Literal["stopped", "starting", "ready", "failed"]
 
@@ -110,21 +111,23 @@ class Connection:
                 return self.state
             await asyncio.shield(runner)  # lost or stopping: let it end, then run it again
         self._started = started = asyncio.get_running_loop().create_future()
-        self._runner = asyncio.create_task(self._run(started))
+        self._scope = anyio.CancelScope()  # made here, so that `stop` can end a runner not yet run
+        self._runner = asyncio.create_task(self._run(started, self._scope))
         await asyncio.shield(started)
         return self.state
 
     async def call(self, tool: str, arguments: Mapping[str, Any], timeout: float) -> CallToolResult:
         """`tool` run with `arguments`; CallFailed in words when it gives no result."""
-        client = self._client
+        client, tail = self._client, self._tail
         if client is None:
             raise CallFailed(f"{self.server.name} is not running ({self.state}).")
         try:
             return await client.call_tool(tool, dict(arguments), read_timeout_seconds=timeout)
         except Exception as exc:
-            last = self._tail.last_line if self._tail is not None else None
+            lost = self._client is not client or words.connection_lost(exc)
+            last = await _last_words(tail) if lost else None
             said = words.call_failure(self.server, tool, exc, last_line=last, timeout=timeout)
-            if self._client is not client or words.connection_lost(exc):
+            if lost:
                 self._end(said)
             raise CallFailed(said) from None
 
@@ -150,17 +153,17 @@ class Connection:
             self.state = state
             self._on_state(state)
 
-    async def _run(self, started: asyncio.Future[None]) -> None:
-        """The connection's whole life, in this one task."""
+    async def _run(self, started: asyncio.Future[None], scope: anyio.CancelScope) -> None:
+        """The connection's whole life, in this one task, until `scope` is cancelled."""
         self._set(ServerState("starting"))
         self.tools = ()
         status = _Status()
         tail = self._tail = StderrTail() if isinstance(self.server.launch, Stdio) else None
         ended: str | None = None
         try:
-            if tail is not None:
-                await tail.start()
-            with anyio.CancelScope() as self._scope:
+            with scope:
+                if tail is not None:
+                    await tail.start()
                 async with Client(
                     self._transport(tail, status), read_timeout_seconds=START_TIMEOUT_S
                 ) as client:
@@ -174,7 +177,7 @@ class Connection:
                         await tail.ended.wait()
                         ended = words.stopped(tail.last_line)
         except Exception as exc:
-            last = tail.last_line if tail is not None else None
+            last = await _last_words(tail)
             if not started.done():
                 ended = words.start_failure(
                     self.server, exc, last_line=last, status=status.last, timeout=START_TIMEOUT_S
@@ -183,7 +186,6 @@ class Connection:
                 ended = ended or words.stopped(last)
         finally:
             self._client = None
-            self._scope = None
             if tail is not None:
                 tail.close()
             if ended is not None:
@@ -220,6 +222,15 @@ class Connection:
                 yield streams
         finally:
             tail.spawned()
+
+
+async def _last_words(tail: StderrTail | None) -> str | None:
+    """The last line a stdio server wrote, once its stderr has ended (or a moment passed)."""
+    if tail is None:
+        return None
+    with anyio.move_on_after(LAST_WORDS_WAIT_S):
+        await tail.ended.wait()
+    return tail.last_line
 
 
 async def _listed(client: Client, server: str) -> tuple[ToolInfo, ...]:

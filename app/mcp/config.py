@@ -25,6 +25,7 @@ and no problem sentence shows a secret's value.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from app import paths
-from app.stored import DROP, Fields, Value, array_of, boolean, matching, one_of, text
+from app.stored import DROP, Fields, Value, array_of, boolean, one_of, text
 
 FILE_NAME = "mcp.json"
 HIDDEN = "<hidden>"
@@ -129,6 +130,18 @@ class _Secrets:
         return DROP if wrong else value
 
 
+@dataclass(frozen=True)
+class _Url:
+    """An http:// or https:// address; a wrong one is shown without what may be a secret."""
+
+    def clean(self, value: Any, where: str, problems: list[str]) -> Any:
+        if isinstance(value, str) and re.fullmatch(r"https?://\S+", value):
+            return value
+        shown = f" = {json.dumps(shown_url(value))}" if isinstance(value, str) else ""
+        problems.append(f"{where}{shown} is not an http:// or https:// address")
+        return DROP
+
+
 _STOKE = {
     "enabled": Value(boolean, "true or false"),
     "trusted": Value(boolean, "true or false"),
@@ -147,7 +160,7 @@ _STDIO = Fields(
 )
 _HTTP = Fields(
     {
-        "url": Value(matching(r"https?://\S+"), "an http:// or https:// address"),
+        "url": _Url(),
         "headers": _Secrets(),
         "type": Value(
             one_of("http", "streamable-http", "streamableHttp"),

@@ -47,11 +47,7 @@ class Pool:
 
     def states(self) -> dict[str, ServerState]:
         """Every enabled server's state ("stopped" until first needed)."""
-        return {
-            name: self._connections[name].state if name in self._connections else ServerState("stopped")
-            for name, server in self._servers.items()
-            if server.enabled
-        }
+        return {name: c.state for name in self._servers if (c := self._connection(name)) is not None}
 
     async def tools(self, names: Iterable[str] | None = None) -> list[ToolInfo]:
         """The tools of the named servers (all enabled ones when None), started as needed;
@@ -81,7 +77,8 @@ class Pool:
             )
         state = await connection.start()
         if state.phase != "ready":
-            return results.failed(f"The MCP server “{server}” could not start: {state.reason}")
+            why = state.reason or "Stoke stopped it."
+            return results.failed(f"The MCP server “{server}” could not start: {why}")
         try:
             answer = await connection.call(tool, arguments, timeout)
         except CallFailed as exc:
