@@ -4,9 +4,10 @@
 127.0.0.1 (with `--token T`, only to requests that carry `Authorization: Bearer T`);
 `--fail WORDS` writes WORDS to stderr and exits 1, as a server missing something does.
 
-Its tools: `echo` (the text back), `env` (a variable of its environment), `pid` (its process id), `picture` (a line of text and a
-PNG), `long` (`n` characters), and `wait`, which writes the server's pid to `marker`, waits
-until it is cancelled, and then writes `marker`.ended: how a test sees a call start, and end.
+Its tools: `echo` (the text back), `env` (a variable of its environment), `pid` (its process
+id), `picture` (a line of text and a PNG), `long` (`n` characters), and `wait`, which writes
+the server's pid to `marker`, waits until it is cancelled, and then writes `marker`.ended: how
+a test sees a call start, and end.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ async def wait(marker: str) -> None:
 
 def _png() -> str:
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
 
     rows = b"".join(b"\x00" + b"\xff\x00\x00" * 4 for _ in range(4))
     png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 4, 8, 2, 0, 0, 0))

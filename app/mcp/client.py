@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,6 @@ import anyio
 import httpx2
 from mcp import Client, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import CallToolResult
 
 from app.mcp import words
@@ -42,6 +42,8 @@ from app.mcp.stderr import StderrTail
 
 START_TIMEOUT_S = 60.0  # a first `npx` or `uvx` start downloads its package
 LIST_PAGES = 100  # pages of tools read at most: a server that pages forever cannot hang a start
+HTTP_TIMEOUT_S = 30.0  # connecting, sending (the SDK's own defaults)
+HTTP_READ_TIMEOUT_S = 300.0  # a server may hold a response stream open this long between events
 LAST_WORDS_WAIT_S = 2.0  # how long a failure waits for the rest of a dying server's stderr
 
 Phase = Literal["stopped", "starting", "ready", "failed"]
@@ -195,33 +197,42 @@ class Connection:
             if not started.done():
                 started.set_result(None)
 
-    @contextlib.asynccontextmanager
-    async def _transport(
-        self, tail: StderrTail | None, status: _Status
-    ) -> AsyncIterator[Any]:
+    def _transport(self, tail: StderrTail | None, status: _Status) -> Any:
         """The SDK's transport for this server: its process's pipes, or HTTP with headers."""
         launch = self.server.launch
         if isinstance(launch, Http):
-            async with create_mcp_http_client(headers=dict(launch.headers)) as http:
-                http.event_hooks = {"request": [], "response": [status.seen]}
-                async with streamable_http_client(launch.url, http_client=http) as streams:
-                    yield streams
-            return
+            return _http(launch, status)
         assert tail is not None
-        if launch.cwd is not None and not Path(launch.cwd).expanduser().is_dir():
-            raise NotADirectoryError(0, f"its folder {launch.cwd} does not exist")
-        parameters = StdioServerParameters(
-            command=launch.command,
-            args=list(launch.args),
-            env=dict(launch.env),
-            cwd=Path(launch.cwd).expanduser() if launch.cwd else None,
-        )
-        try:
-            async with stdio_client(parameters, errlog=tail.writer) as streams:
-                tail.spawned()
-                yield streams
-        finally:
+        return _stdio(launch, tail)
+
+
+@contextlib.asynccontextmanager
+async def _http(launch: Http, status: _Status) -> AsyncIterator[Any]:
+    async with (
+        httpx2.AsyncClient(
+            headers=dict(launch.headers),
+            timeout=httpx2.Timeout(HTTP_TIMEOUT_S, read=HTTP_READ_TIMEOUT_S),
+            event_hooks={"response": [status.seen]},
+        ) as http,
+        streamable_http_client(launch.url, http_client=http) as streams,
+    ):
+        yield streams
+
+
+@contextlib.asynccontextmanager
+async def _stdio(launch: Stdio, tail: StderrTail) -> AsyncIterator[Any]:
+    folder = Path(launch.cwd).expanduser() if launch.cwd else None
+    if folder is not None and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"its folder {launch.cwd} does not exist")
+    parameters = StdioServerParameters(
+        command=launch.command, args=list(launch.args), env=dict(launch.env), cwd=folder
+    )
+    try:
+        async with stdio_client(parameters, errlog=tail.writer) as streams:
             tail.spawned()
+            yield streams
+    finally:
+        tail.spawned()
 
 
 async def _last_words(tail: StderrTail | None) -> str | None:
@@ -239,9 +250,7 @@ async def _listed(client: Client, server: str) -> tuple[ToolInfo, ...]:
     cursor: str | None = None
     for _ in range(LIST_PAGES):
         page = await client.list_tools(cursor=cursor)
-        tools += [
-            ToolInfo(server, t.name, t.description or "", t.input_schema) for t in page.tools
-        ]
+        tools += [ToolInfo(server, t.name, t.description or "", t.input_schema) for t in page.tools]
         cursor = page.next_cursor
         if not cursor:
             break

@@ -254,7 +254,10 @@ def read_json(path: Path) -> tuple[Any, str | None]:
     except RecursionError:
         return None, f"{path} is nested too deeply to read"
     except json.JSONDecodeError as exc:
-        return None, f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        return (
+            None,
+            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
+        )
     except OSError as exc:
         return None, f"{path} could not be read ({exc.strerror or 'an I/O error'})"
 

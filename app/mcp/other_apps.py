@@ -83,7 +83,11 @@ def import_from(path: Path) -> Imported:
     if not path.is_file():
         raise config.ConfigError(f"There is no file {path}, so nothing was imported.")
     document, problem = config.read_json(path)
-    found = config.McpConfig(problem=problem) if problem else config.parse(_carried(document), str(path))
+    found = (
+        config.McpConfig(problem=problem)
+        if problem
+        else config.parse(_carried(document), str(path))
+    )
     if found.problem is not None:
         raise config.ConfigError(f"{found.problem}, so nothing was imported.")
     stoke = config.load()

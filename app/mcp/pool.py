@@ -47,7 +47,9 @@ class Pool:
 
     def states(self) -> dict[str, ServerState]:
         """Every enabled server's state ("stopped" until first needed)."""
-        return {name: c.state for name in self._servers if (c := self._connection(name)) is not None}
+        return {
+            name: c.state for name in self._servers if (c := self._connection(name)) is not None
+        }
 
     async def tools(self, names: Iterable[str] | None = None) -> list[ToolInfo]:
         """The tools of the named servers (all enabled ones when None), started as needed;

@@ -91,7 +91,9 @@ def start_failure(
             return f"“{command}” could not be started ({errors[0].strerror})."
     codes = [e.code for e in found if isinstance(e, MCPError)]
     if REQUEST_TIMEOUT in codes:
-        return f"The server did not answer within {timeout:g} s of starting{_last_words(last_line)}."
+        return (
+            f"The server did not answer within {timeout:g} s of starting{_last_words(last_line)}."
+        )
     refusals = [e for e in found if isinstance(e, MCPError) and e.code != CONNECTION_CLOSED]
     if refusals:
         return f"The server refused to start a session: {quoted(refusals[0].error.message)}."

@@ -51,7 +51,7 @@ def test_a_file_that_is_not_json_is_refused_in_words_and_not_overwritten() -> No
 
     assert found.servers == ()
     assert found.problem is not None
-    assert "is not valid JSON" in found.problem and "line 1, column 40" in found.problem
+    assert "is not valid JSON" in found.problem and "line 1, column 42" in found.problem
     with pytest.raises(ConfigError, match="Fix it by hand"):
         config.add_server(Server("time", Stdio("uvx", ("mcp-server-time",))))
     assert path.read_text() == '{"mcpServers": {"git": {"command": "uvx",}}}'
@@ -66,7 +66,7 @@ def test_edits_keep_the_rest_of_the_file_and_write_it_privately() -> None:
     config.edit_server("web", Server("site", Http("https://example.invalid/mcp", {"X-Key": "k"})))
     with pytest.raises(ConfigError, match="already an MCP server named “time”"):
         config.add_server(Server("time", Stdio("other")))
-    with pytest.raises(ConfigError, match="mcpServers.blank.command"):
+    with pytest.raises(ConfigError, match=r"mcpServers\.blank\.command"):
         config.add_server(Server("blank", Stdio(" ")))
 
     document = json.loads(path.read_text())
@@ -86,7 +86,9 @@ def test_edits_keep_the_rest_of_the_file_and_write_it_privately() -> None:
 
 def test_secrets_stay_out_of_reprs() -> None:
     stdio = Server("gh", Stdio("github-mcp", ("--stdio",), {"GITHUB_TOKEN": "ghp_s3cret"}))
-    web = Server("web", Http("https://me:pw@example.invalid/mcp?key=k3y", {"Authorization": "tok3n"}))
+    web = Server(
+        "web", Http("https://me:pw@example.invalid/mcp?key=k3y", {"Authorization": "tok3n"})
+    )
     shown = repr(stdio) + repr(web) + str(config.McpConfig((stdio, web)))
 
     for secret in ("ghp_s3cret", "pw", "k3y", "tok3n"):

@@ -92,7 +92,10 @@ def test_a_call_that_times_out_is_stopped_on_the_server(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with Pool([tiny()]) as pool:
             late = await pool.call("tiny", "wait", {"marker": str(marker)}, timeout=1)
-            assert late.is_error and late.full == "wait did not answer within 1 s, so the call was stopped."
+            assert (
+                late.is_error
+                and late.full == "wait did not answer within 1 s, so the call was stopped."
+            )
             await until(Path(f"{marker}.ended").exists, "the server cancelled the call")
             assert (await pool.call("tiny", "pid", {})).full == marker.read_text()
 
@@ -157,7 +160,8 @@ def test_servers_that_cannot_start_say_why_in_words() -> None:
             )
             call = await pool.call("failing", "echo", {"text": "x"})
             assert call.is_error and "No module named 'left_out'" in call.full
-            assert (await pool.call("nobody", "echo", {})).full == "There is no MCP server named “nobody”."
+            unknown = await pool.call("nobody", "echo", {})
+            assert unknown.full == "There is no MCP server named “nobody”."
 
     run(scenario())
 
@@ -220,6 +224,7 @@ def test_a_streamable_http_server_with_a_token_in_its_headers(
             assert SECRET not in repr(pool.states()) + repr(web)
 
     run(scenario())
+    assert caplog.records  # the SDK and its HTTP client logged every request
     assert SECRET not in caplog.text
 
 
