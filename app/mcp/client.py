@@ -190,10 +190,8 @@ class Connection:
             self._client = None
             if tail is not None:
                 tail.close()
-            if ended is not None:
-                self._set(ServerState("failed", reason=ended))
-            elif self.state.phase != "failed":
-                self._set(ServerState("stopped"))
+            if self.state.phase != "failed":  # a failed call said why first: that stays
+                self._set(ServerState("failed", reason=ended) if ended else ServerState("stopped"))
             if not started.done():
                 started.set_result(None)
 

@@ -133,7 +133,7 @@ def test_a_server_killed_mid_call_is_said_in_words_and_runs_again_at_the_next_ca
 
             lost = await call
             assert lost.is_error and lost.full.startswith("The server tiny stopped during the call")
-            assert pool.states()["tiny"].phase == "failed"
+            assert pool.states()["tiny"] == ServerState("failed", reason=lost.full)
 
             again = await pool.call("tiny", "pid", {})
             assert not again.is_error and int(again.full) != first
