@@ -142,8 +142,9 @@ def test_a_server_killed_mid_call_is_said_in_words_and_runs_again_at_the_next_ca
     run(scenario())
 
 
-def test_servers_that_cannot_start_say_why_in_words() -> None:
-    missing = Server("missing", Stdio("stoke-no-such-command", ("--stdio",)))
+def test_servers_that_cannot_start_say_why_in_words(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    missing = Server("missing", Stdio("stoke-no-such-command", ("--stdio",), {"TOKEN": SECRET}))
     failing = tiny("failing", "--fail", "ModuleNotFoundError: No module named 'left_out'")
 
     async def scenario() -> None:
@@ -162,8 +163,11 @@ def test_servers_that_cannot_start_say_why_in_words() -> None:
             assert call.is_error and "No module named 'left_out'" in call.full
             unknown = await pool.call("nobody", "echo", {})
             assert unknown.full == "There is no MCP server named “nobody”."
+            assert SECRET not in repr(pool.states()) + repr(missing)
 
     run(scenario())
+    assert caplog.records  # the SDK logged the failed starts
+    assert SECRET not in caplog.text
 
 
 def _free_port() -> int:
