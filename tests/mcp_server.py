@@ -5,9 +5,9 @@
 `--fail WORDS` writes WORDS to stderr and exits 1, as a server missing something does.
 
 Its tools: `echo` (the text back), `env` (a variable of its environment), `pid` (its process
-id), `picture` (a line of text and a PNG), `long` (`n` characters), and `wait`, which writes
-the server's pid to `marker`, waits until it is cancelled, and then writes `marker`.ended: how
-a test sees a call start, and end.
+id), `parts` (a line of text, a PNG, a sound and three resources), `long` (`n` characters), and
+`wait`, which writes the server's pid to `marker`, waits until it is cancelled, and then writes
+`marker`.ended: how a test sees a call start, and end.
 """
 
 from __future__ import annotations
@@ -23,7 +23,16 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import MCPServer
-from mcp_types import ImageContent, TextContent
+from mcp_types import (
+    AudioContent,
+    BlobResourceContents,
+    ContentBlock,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    TextResourceContents,
+)
 
 server = MCPServer("stoke-test")
 
@@ -47,9 +56,21 @@ def pid() -> int:
 
 
 @server.tool(structured_output=False)
-def picture() -> list[TextContent | ImageContent]:
-    """A line of text and a 4 x 4 PNG."""
-    return [TextContent(text="a red square"), ImageContent(data=_png(), mime_type="image/png")]
+def parts() -> list[ContentBlock]:
+    """A line of text, a 4 x 4 PNG, 3,000 bytes of sound, a link and two embedded resources."""
+    sound = base64.b64encode(bytes(3000)).decode()
+    return [
+        TextContent(text="a red square"),
+        ImageContent(data=_png(), mime_type="image/png"),
+        AudioContent(data=sound, mime_type="audio/wav"),
+        ResourceLink(name="notes", uri="file:///notes.md", mime_type="text/markdown", size=1500),
+        EmbeddedResource(resource=TextResourceContents(uri="file:///a.txt", text="inside a")),
+        EmbeddedResource(
+            resource=BlobResourceContents(
+                uri="file:///b.bin", mime_type="application/zip", blob=sound
+            )
+        ),
+    ]
 
 
 @server.tool()

@@ -62,7 +62,7 @@ def test_a_stdio_server_starts_when_needed_lists_tools_and_runs_calls() -> None:
         async with Pool([server], on_state=lambda n, s: heard.append((n, str(s)))) as pool:
             assert pool.states() == {"tiny": ServerState("stopped")}
             tools = {tool.name: tool for tool in await pool.tools()}
-            assert set(tools) == {"echo", "env", "pid", "picture", "long", "wait"}
+            assert set(tools) == {"echo", "env", "pid", "parts", "long", "wait"}
             assert tools["echo"].server == "tiny" and tools["echo"].description == "The text, back."
             assert tools["echo"].input_schema["properties"]["text"]["type"] == "string"
             assert pool.states() == {"tiny": ServerState("ready", 6)}
@@ -71,8 +71,16 @@ def test_a_stdio_server_starts_when_needed_lists_tools_and_runs_calls() -> None:
             assert (echo.full, echo.for_model, echo.is_error) == ("hello", "hello", False)
             assert (await pool.call("tiny", "env", {"name": "STOKE_TEST_TOKEN"})).full == SECRET
 
-            picture = await pool.call("tiny", "picture", {})
-            assert re.fullmatch(r"a red square\n\[image: image/png, \d+ bytes\]", picture.full)
+            parts = (await pool.call("tiny", "parts", {})).full.splitlines()
+            assert parts[0] == "a red square"
+            assert re.fullmatch(r"\[image: image/png, \d+ bytes\]", parts[1])
+            assert parts[2:] == [
+                "[audio: audio/wav, 3.0 kB]",
+                "[link: notes <file:///notes.md>, text/markdown, 1.5 kB]",
+                "[resource: file:///a.txt]",
+                "inside a",
+                "[resource: file:///b.bin, application/zip, 3.0 kB]",
+            ]
 
             long = await pool.call("tiny", "long", {"n": 500}, limit=100)
             assert len(long.full) == 500 and long.cut == 400
