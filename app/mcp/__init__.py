@@ -1,8 +1,9 @@
 """MCP servers and their tools: the Model Context Protocol client room.
 
-May import: paths, stored and units only (ground), and the official `mcp` SDK. It knows nothing of
-engines, Qt, the session or the server: it keeps the list of servers, connects to them, calls
-their tools and shapes what they answer; whoever runs a tool loop decides when to call.
+May import: paths, stored and units only (ground), and the official `mcp` SDK (with the anyio
+and httpx2 it runs on). It knows nothing of engines, Qt, the session or the server: it keeps
+the list of servers, connects to them, calls their tools and shapes what they answer; whoever
+runs a tool loop decides when to call and asks the person first.
 
 config.py is Stoke's `mcp.json` (the shape Claude Desktop, LM Studio and Cursor use, plus
 Stoke's own per-server fields), read back with its problems in words and edited in place;

@@ -127,7 +127,7 @@ def test_a_cancelled_call_ends_on_the_server_and_the_server_stays(tmp_path: Path
     run(scenario())
 
 
-def test_a_server_killed_mid_call_is_said_in_words_and_runs_again_at_the_next_call(
+def test_a_server_killed_mid_call_or_idle_is_said_in_words_and_runs_again_when_needed(
     tmp_path: Path,
 ) -> None:
     marker = tmp_path / "wait"
@@ -146,6 +146,11 @@ def test_a_server_killed_mid_call_is_said_in_words_and_runs_again_at_the_next_ca
             again = await pool.call("tiny", "pid", {})
             assert not again.is_error and int(again.full) != first
             assert pool.states()["tiny"].phase == "ready"
+
+            os.kill(int(again.full), signal.SIGKILL)  # while idle: noticed by its stderr's end
+            await until(lambda: pool.states()["tiny"].phase == "failed", "the death noticed")
+            assert pool.states()["tiny"].reason == "The server stopped."
+            assert int((await pool.call("tiny", "pid", {})).full) != int(again.full)
 
     run(scenario())
 
