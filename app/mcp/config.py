@@ -13,10 +13,11 @@ refused whole, a server entry with a wrong part is refused alone, each in words 
 (`mcpServers.git.args = "x" is not a list of strings`), through `app.stored`'s schemas. Unlike
 Stoke's other files, a bad mcp.json is not repaired: a person writes it by hand, maybe in an
 editor still open, so it is left as it is until they fix it. Edits (`add_server`,
-`edit_server`, `remove_server`, `update`) change one entry of the file as found, keep every
-other entry (even a refused one) as it was, write only entries Stoke would read back, and
-raise ConfigError in words, never for a file they cannot parse without saying so. The file is
-private (0600 in the 0700 config folder, written atomically by `paths.write_private`).
+`add_servers`, `edit_server`, `remove_server`, `update`) change entries of the file as found,
+keep every other entry (even a refused one) and top-level key as it was, write only entries
+Stoke would read back, and raise ConfigError in words instead of writing over a file they
+cannot parse. Two processes editing at once: the last write wins, whole. The file is private
+(0600 in the 0700 config folder, written atomically by `paths.write_private`).
 
 Env values and header values are secrets (tokens): the objects' reprs show their names only,
 and no problem sentence shows a secret's value.
