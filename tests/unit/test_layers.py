@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.settings", "app.presets", "app.models"),  # settings, prompt presets; the library
     ("app.hardware",),  # detection and the offload planner
     ("app.engine",),  # protocol, host, worker, backends, GGUF reading
-    ("app.conversations",),  # storage: knows nothing of engines
+    ("app.conversations", "app.mcp"),  # storage: knows nothing of engines; MCP servers
     ("app.stored",),  # Stoke's own JSON files, checked as they are read back
     ("app.paths", "app.resources", "app.units", "app.qt_check"),  # ground
 )
@@ -105,6 +105,8 @@ def test_nothing_imports_the_ui_and_storage_knows_no_engine() -> None:
     assert ui_users <= {"app.__main__", "app.bench"}
     storage = {there for _, _, _, here, there in edges if here == "app.conversations"}
     assert storage <= {"app.paths", "app.units"}
+    mcp = {there for _, _, _, here, there in edges if here == "app.mcp"}
+    assert mcp <= {"app.paths", "app.stored", "app.units"}
 
 
 def test_every_room_says_what_it_owns_and_may_import() -> None:
