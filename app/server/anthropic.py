@@ -236,7 +236,7 @@ class AnthropicApi:
         blocks: list[dict[str, Any]] = []
         if reasoning:
             blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-        if content:
+        if content or not calls:  # a reply with no words and no call is one empty text block
             blocks.append({"type": "text", "text": content})
         blocks += [_tool_use(call) for call in calls]
         message = self._message(job)

@@ -55,6 +55,7 @@ from app.engine.protocol import EngineError, ModelInfo
 from app.server import auth
 from app.server.anthropic import AnthropicApi, error_shape
 from app.server.errors import Shape
+from app.server.grammar import shaped
 from app.server.http import (
     FAILED,
     Connection,
@@ -63,7 +64,7 @@ from app.server.http import (
     write_event,
 )
 from app.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
-from app.server.replies import Reply, finish_reason, usage
+from app.server.replies import Reply, finish_reason, timings, usage
 from app.server.requests import RETRY_AFTER_S, Job, RequestCore, ServerConfig
 from app.server.responses import ResponsesApi
 from app.server.schema import (
@@ -278,8 +279,9 @@ class ApiServer(RequestCore):
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         completion = parse_completion(await self.body(request))
-        info = await self._ready(completion.params)
-        job = Job("completion", completion.params, self._raw_prompt(completion, info))
+        params = shaped(completion)
+        info = await self._ready(params)
+        job = Job("completion", params, self._raw_prompt(completion, info))
         return await self.generate(request, job, info, self._respond)
 
     # -- building prompts --------------------------------------------------------------------
@@ -335,6 +337,7 @@ class ApiServer(RequestCore):
         body = self._envelope(job, chunk=False)
         body["choices"] = [choice]
         body["usage"] = usage(reply)
+        body["timings"] = timings(reply)
         if job.params.return_token_ids:
             body["prompt_token_ids"] = job.prompt
         return web.json_response(body)
@@ -416,6 +419,7 @@ class ApiServer(RequestCore):
                 body = self._envelope(job, chunk=True)
                 body["choices"] = []
                 body["usage"] = usage(reply)
+                body["timings"] = timings(reply)
                 await write_event(response, body)
             await response.write(b"data: [DONE]\n\n")
         except ConnectionResetError:

@@ -1,6 +1,7 @@
-"""The grammar a chat request asks for (`response_format`, a required or named
-`tool_choice`), put into its sampling: the grammar itself is the tool-call room's
-(app/toolcalls/grammar.py); a schema the grammar library cannot use is refused here as a 400.
+"""The grammar a request asks for (its reply's shape under any field name constraints.py
+reads, or a required or named `tool_choice`), put into its sampling: the grammar itself is
+the tool-call room's (app/toolcalls/grammar.py); one the grammar library cannot use is
+refused here as a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ import dataclasses
 
 from app.engine.transcript import Tokenizer
 from app.server.errors import invalid
-from app.server.schema import ChatRequest, GenerationParams
-from app.toolcalls.grammar import enforceable, reply_grammar
+from app.server.schema import ChatRequest, CompletionRequest, GenerationParams
+from app.toolcalls.grammar import enforceable, format_grammar, reply_grammar
 from app.toolcalls.syntax import ToolSyntax
-from app.toolcalls.tools import ToolError
+from app.toolcalls.tools import ResponseFormat, ToolError
 
 
 def constrained(chat: ChatRequest, syntax: ToolSyntax, tokenizer: Tokenizer) -> GenerationParams:
@@ -23,9 +24,28 @@ def constrained(chat: ChatRequest, syntax: ToolSyntax, tokenizer: Tokenizer) -> 
     )
     if grammar is None:
         return chat.params
+    if chat.tools.forced:
+        return _with(chat.params, grammar, "tools", "JSON schema")
+    return _with(chat.params, grammar, chat.shaped_by, _what(chat.response_format))
+
+
+def shaped(completion: CompletionRequest) -> GenerationParams:
+    """A completion's generation params with the grammar its constraint field asks for."""
+    fmt = completion.response_format
+    grammar = format_grammar(fmt)
+    if grammar is None:
+        return completion.params
+    return _with(completion.params, grammar, completion.shaped_by, _what(fmt))
+
+
+def _what(fmt: ResponseFormat) -> str:
+    return "grammar" if fmt.kind == "grammar" else "JSON schema"
+
+
+def _with(params: GenerationParams, grammar: str, field: str, what: str) -> GenerationParams:
     try:
-        enforceable(grammar, "tools" if chat.tools.forced else "response_format")
+        enforceable(grammar, field, what)
     except ToolError as error:
         raise invalid(error.field, error.message) from None
-    sampling = dataclasses.replace(chat.params.sampling, grammar=grammar)
-    return dataclasses.replace(chat.params, sampling=sampling)
+    sampling = dataclasses.replace(params.sampling, grammar=grammar)
+    return dataclasses.replace(params, sampling=sampling)

@@ -70,7 +70,7 @@ def http_error(exc: web.HTTPException) -> ApiError:
         return ApiError(
             404,
             "No such endpoint; this server has /v1/models, /v1/chat/completions, "
-            "/v1/completions and /health.",
+            "/v1/completions, /v1/messages, /v1/responses and /health.",
             code="not_found",
         )
     if exc.status == 405:

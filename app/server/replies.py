@@ -84,17 +84,40 @@ def finish_reason(reply: Reply) -> str:
 
 
 def usage(reply: Reply) -> dict[str, Any]:
+    """OpenAI's usage. Its prediction counts answer a request's `prediction`, which this
+    server does not take, so they are 0; Stoke's own drafts are in `timings`."""
     stats = reply.stats
     prompt = stats.prompt_tokens if stats else 0
     generated = len(reply.tokens)
-    drafted, accepted = (stats.drafted_tokens, stats.accepted_tokens) if stats else (0, 0)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": generated,
         "total_tokens": prompt + generated,
         "prompt_tokens_details": {"cached_tokens": stats.reused_tokens if stats else 0},
-        "completion_tokens_details": {  # speculative decoding's drafts, as OpenAI names them
-            "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": drafted - accepted,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
         },
+    }
+
+
+def timings(reply: Reply) -> dict[str, Any]:
+    """llama-server's `timings`: tokens reused from the cache, prefilled and generated, their
+    milliseconds and rates, and speculative decoding's drafts and how many were kept."""
+    stats = reply.stats
+    if stats is None:
+        return {}
+    generated = len(reply.tokens)
+    prompt_ms = 1000 * stats.prefilled_tokens / stats.prefill_tok_s if stats.prefill_tok_s else 0
+    decode_ms = 1000 * generated / stats.decode_tok_s if stats.decode_tok_s else 0
+    return {
+        "cache_n": stats.reused_tokens,
+        "prompt_n": stats.prefilled_tokens,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_second": round(stats.prefill_tok_s, 3),
+        "predicted_n": generated,
+        "predicted_ms": round(decode_ms, 3),
+        "predicted_per_second": round(stats.decode_tok_s, 3),
+        "draft_n": stats.drafted_tokens,
+        "draft_n_accepted": stats.accepted_tokens,
     }

@@ -96,6 +96,31 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
     return tools
 
 
+def _format(text: Any) -> dict[str, Any] | None:
+    """`text.format` ({"type": "json_schema", "name", "schema", "strict"} or json_object or
+    text) as the chat request's `response_format`."""
+    if text is None:
+        return None
+    shape = text.get("format") if isinstance(text, Mapping) else None
+    if shape is None:
+        return None
+    if not isinstance(shape, Mapping):
+        raise invalid("text.format", "`text.format` must be an object with a `type`.")
+    if shape.get("type") != "json_schema":
+        return dict(shape)
+    spec = {k: shape[k] for k in ("name", "schema", "strict") if k in shape}
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def _echoed(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's settings a response repeats back, as sent."""
+    return {
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": list(body.get("tools") or []),
+        "text": body.get("text") or {"format": {"type": "text"}},
+    }
+
+
 def _choice(raw: Any) -> Any:
     if isinstance(raw, Mapping) and raw.get("type") == "function":
         return {"type": "function", "function": {"name": raw.get("name")}}
@@ -147,11 +172,14 @@ class ResponsesApi:
             chat_body["tools"] = _tools(body["tools"])
         if body.get("tool_choice") is not None:
             chat_body["tool_choice"] = _choice(body["tool_choice"])
+        shape = _format(body.get("text"))
+        if shape is not None:
+            chat_body["response_format"] = shape
         chat = parse_chat(chat_body)
         job, info = await self.core.chat_job(chat)
 
         async def respond(request: web.Request, job: Job, slot: str, held: list[int]):
-            writer = _Writer(self, job, previous, conversation)
+            writer = _Writer(self, job, previous, conversation, _echoed(body))
             if chat.params.stream:
                 return await writer.stream(request, slot, held)
             return await writer.whole(slot, held)
@@ -168,9 +196,15 @@ class _Writer:
     """One response: its output items, whole or as Responses stream events."""
 
     def __init__(
-        self, api: ResponsesApi, job: Job, previous: str | None, conversation: list
+        self,
+        api: ResponsesApi,
+        job: Job,
+        previous: str | None,
+        conversation: list,
+        echoed: dict[str, Any],
     ) -> None:
         self.api, self.job, self.previous, self.conversation = api, job, previous, conversation
+        self.echoed = echoed
         self.id = "resp_" + job.id
         self._sequence = 0
 
@@ -184,8 +218,7 @@ class _Writer:
             "output": output,
             "previous_response_id": self.previous,
             "parallel_tool_calls": self.job.tools.parallel,
-            "tool_choice": "auto",
-            "tools": [],
+            **self.echoed,
         }
         if reply is not None:
             used = usage(reply)

@@ -17,6 +17,7 @@ from typing import Any
 
 from app.engine.protocol import SamplingParams
 from app.engine.transcript import Role
+from app.server.constraints import constraint_of
 from app.server.errors import ApiError
 from app.server.errors import invalid as _invalid
 from app.toolcalls.tools import (
@@ -24,7 +25,6 @@ from app.toolcalls.tools import (
     ToolCall,
     ToolError,
     Tools,
-    parse_response_format,
     parse_tool_calls,
     parse_tools,
 )
@@ -88,12 +88,15 @@ class ChatRequest:
     template_variables: dict[str, Any] = field(default_factory=dict)
     tools: Tools = field(default_factory=Tools)
     response_format: ResponseFormat = field(default_factory=ResponseFormat)
+    shaped_by: str = "response_format"  # the field that set response_format (constraints.py)
 
 
 @dataclass(frozen=True)
 class CompletionRequest:
     params: GenerationParams
     prompt: str | tuple[int, ...]
+    response_format: ResponseFormat = field(default_factory=ResponseFormat)
+    shaped_by: str = "response_format"
 
 
 def check_json(body: Any) -> None:
@@ -156,7 +159,7 @@ def _chat(body: Mapping[str, Any]) -> ChatRequest:
                 "comes right before it.",
             )
     tools = parse_tools(body)
-    response_format = parse_response_format(body.get("response_format"))
+    shaped_by, response_format = constraint_of(body)
     variables = body.get("chat_template_kwargs") or {}
     if not isinstance(variables, Mapping) or not all(
         isinstance(v, str | int | float | bool) for v in variables.values()
@@ -171,7 +174,12 @@ def _chat(body: Mapping[str, Any]) -> ChatRequest:
         )
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     return ChatRequest(
-        _params(body, max_tokens, chat=True), messages, dict(variables), tools, response_format
+        _params(body, max_tokens, chat=True),
+        messages,
+        dict(variables),
+        tools,
+        response_format,
+        shaped_by,
     )
 
 
@@ -193,7 +201,10 @@ def parse_completion(body: Mapping[str, Any]) -> CompletionRequest:
         raise _invalid("echo", "`echo` is not supported.")
     if body.get("suffix"):
         raise _invalid("suffix", "`suffix` (text to insert before) is not supported.")
-    return CompletionRequest(_params(body, body.get("max_tokens"), chat=False), parsed)
+    shaped_by, response_format = constraint_of(body)
+    return CompletionRequest(
+        _params(body, body.get("max_tokens"), chat=False), parsed, response_format, shaped_by
+    )
 
 
 def _message(index: int, raw: Any) -> Message:

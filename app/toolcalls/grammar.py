@@ -18,6 +18,7 @@ ones in the schema's order, then any of the others.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -38,21 +39,39 @@ def reply_grammar(
     """The Lark grammar for the reply, or None when it is free text."""
     if tools.forced:
         return _call_grammar(tools, syntax, tokenize)
+    return format_grammar(response_format)
+
+
+def format_grammar(response_format: ResponseFormat) -> str | None:
+    """The Lark grammar of a reply's shape alone (no tool call forced), or None: free text."""
     if response_format.kind == "json_object":
         return "start: " + _json({"type": "object"})
     if response_format.kind == "json_schema":
         schema = response_format.schema or {}
         return "start: " + _json(_closed(schema) if response_format.strict else schema)
+    if response_format.kind == "grammar":
+        return response_format.grammar
     return None
 
 
-def enforceable(grammar: str, field: str) -> str:
+def enforceable(grammar: str, field: str, what: str = "JSON schema") -> str:
     """`grammar`, once the grammar library has taken it; else a ToolError naming `field`
-    (`tools` or `response_format`), whose JSON schema it could not use."""
+    (`tools`, `response_format`, ...), saying why the library could not use its `what`."""
     error = grammar_error(grammar)
     if error is not None:
-        raise ToolError(field, f"The JSON schema in `{field}` cannot be enforced: {error[:300]}")
+        raise ToolError(field, f"The {what} in `{field}` cannot be enforced: {_reason(error)}")
     return grammar
+
+
+def _reason(error: str) -> str:
+    """The grammar library's complaint without its position marks and the grammar it echoes
+    (Stoke's own JSON style settings among them)."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    first = re.sub(r"^(at )?\d+\(\d+\):\s*", "", lines[0] if lines else "")
+    first = first.removeprefix("failed to compile JSON schema: ").rstrip(":")
+    detail = next((line[len("error: ") :] for line in lines if line.startswith("error: ")), "")
+    reason = f"{first}: {detail}" if detail else first
+    return (reason[:200] or "the grammar library refused it") + "."
 
 
 def _closed(schema: Any) -> Any:

@@ -212,11 +212,13 @@ def parse_tool_calls(where: str, raw: Any) -> tuple[ToolCall, ...]:
 
 @dataclass(frozen=True)
 class ResponseFormat:
-    """`response_format`: plain text, any JSON object, or JSON valid under a schema."""
+    """The reply's shape: plain text, any JSON object, JSON valid under a schema, or text a
+    grammar (Lark, as the grammar library reads it) accepts."""
 
-    kind: str = "text"  # text | json_object | json_schema
+    kind: str = "text"  # text | json_object | json_schema | grammar
     schema: dict[str, Any] | None = None
     strict: bool = False  # objects take only the properties they list (grammar.py)
+    grammar: str | None = None  # kind grammar: the Lark text
 
 
 def parse_response_format(raw: Any) -> ResponseFormat:
