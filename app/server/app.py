@@ -59,6 +59,7 @@ from app.server.grammar import shaped
 from app.server.http import (
     FAILED,
     Connection,
+    Gate,
     engine_error,
     http_error,
     write_event,
@@ -102,6 +103,7 @@ class ApiServer(RequestCore):
         self.responses = ResponsesApi(self)  # keeps the conversations it can continue
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
+        self._gate = Gate()
         self._listener: asyncio.Server | None = None
 
     @property
@@ -111,7 +113,7 @@ class ApiServer(RequestCore):
 
     @property
     def open_connections(self) -> int:
-        return len(self._runner.server.connections) if self._runner else 0
+        return self._gate.open
 
     async def start(self) -> str:
         """Bind and serve; returns the base URL. Raises OSError when the port is taken."""
@@ -147,7 +149,8 @@ class ApiServer(RequestCore):
         server = self._runner.server
         return Connection(
             server,
-            admitted=len(server.connections) < self.config.max_connections,
+            gate=self._gate,
+            limit=self.config.max_connections,
             loop=asyncio.get_running_loop(),
             keepalive_timeout=self.config.header_timeout_s,  # aiohttp's idle timer
             access_log=None,

@@ -19,14 +19,32 @@ FAILED = "The server failed on this request; its log says why."
 REQUEST_REFUSALS = frozenset({400, 404, 413, 422})  # a remote engine's "this request is wrong"
 
 
-class Connection(web.RequestHandler):
-    """One client connection. `admitted` is False when it opened beyond the connection
-    limit. Errors aiohttp answers itself (HTTP that does not parse) come in OpenAI's JSON
-    shape, in words, without echoing the offending bytes."""
+class Gate:
+    """The connections open now, each counted from the moment it is accepted: aiohttp's own
+    list learns of a connection a loop turn later, so a burst of connections accepted
+    together would all find it short and all be let in."""
 
-    def __init__(self, manager: web.Server, *, admitted: bool, **kwargs: Any) -> None:
+    def __init__(self) -> None:
+        self.open = 0
+
+
+class Connection(web.RequestHandler):
+    """One client connection, counted at `gate` while it lives. `admitted` is False when it
+    opened beyond the connection limit. Errors aiohttp answers itself (HTTP that does not
+    parse) come in OpenAI's JSON shape, in words, without echoing the offending bytes."""
+
+    def __init__(self, manager: web.Server, *, gate: Gate, limit: int, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
-        self.admitted = admitted
+        self.admitted = gate.open < limit
+        self._gate = gate
+        gate.open += 1
+        self._counted = True
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        if self._counted:
+            self._counted = False
+            self._gate.open -= 1
 
     def handle_error(
         self,

@@ -150,3 +150,29 @@ def _get_models(served: ServerThread) -> tuple[int, dict[str, str], dict]:
 async def _until(condition: Callable[[], bool]) -> None:
     while not condition():
         await asyncio.sleep(0.02)
+
+
+def test_a_burst_of_connections_is_held_to_the_limit(served: ServerThread) -> None:
+    """40 connections opened at once, each then asking once: while all are open, no more than
+    the limit are answered 200; the rest get 429 (counted as each is accepted, not a loop turn
+    later, when a burst would all find the count short)."""
+    config = served.server.config
+    served.server.config = replace(config, header_timeout_s=PATIENCE_S)
+    burst = [socket.socket() for _ in range(40)]
+    try:
+        for sock in burst:
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", served.server.port))
+        served.call(_until(lambda: served.server.open_connections >= len(burst)))
+        request = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n\r\n"
+        statuses = []
+        for sock in burst:
+            sock.setblocking(True)
+            sock.settimeout(PATIENCE_S)
+            sock.sendall(request.encode())
+            statuses.append(sock.recv(12)[9:12])
+    finally:
+        served.server.config = config
+        for sock in burst:
+            sock.close()
+    assert statuses.count(b"200") == LIMIT and statuses.count(b"429") == len(burst) - LIMIT
