@@ -144,10 +144,18 @@ class RequestCore:
         source = ChatTemplate(info.chat_template).source
         syntax = syntax_for(source, info.architecture)
         passthrough = source == WIRE_TEMPLATE  # a chat-mode remote: its server does tools
+        said, start = _prefill(chat)
+        if start and passthrough:
+            raise ApiError(
+                400,
+                "This model runs on a remote server in chat mode, which cannot continue a "
+                "last assistant message; end with a user message.",
+                param="messages",
+            )
         messages, variables = (
             (list(chat.messages), passthrough_variables(chat))
             if passthrough
-            else with_tools(chat.messages, chat.tools, source, syntax)
+            else with_tools(said, chat.tools, source, syntax)
         )
         template = ChatTemplate(
             info.chat_template,
@@ -158,7 +166,7 @@ class RequestCore:
         try:
             prompt = self.prompts.build(
                 messages, template, info, self.engine.local_tokenizer(), syntax
-            )
+            ) + self.engine.local_tokenizer().tokenize(start)
             opened = self._opens_reasoning(template)
         except TemplateError as exc:
             raise ApiError(400, f"The model's chat template refused these messages: {exc}") from exc
@@ -323,3 +331,13 @@ class RequestCore:
     def client_left(self, job: Job) -> None:
         self.stats.disconnected += 1
         logger.info("%s %s: the client left; its generation was cancelled", job.kind, job.id)
+
+
+def _prefill(chat: ChatRequest) -> tuple[tuple[Message, ...], str]:
+    """The messages the template renders and the start of the reply: a last assistant
+    message (Anthropic's prefill, llama-server's continue) is not a turn of its own but the
+    words the reply begins with; the reply sent back is what follows them."""
+    last = chat.messages[-1]
+    if last.role != "assistant":
+        return chat.messages, ""
+    return chat.messages[:-1], last.text

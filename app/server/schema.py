@@ -142,11 +142,11 @@ def _chat(body: Mapping[str, Any]) -> ChatRequest:
     if not isinstance(raw, list) or not raw:
         raise _invalid("messages", "`messages` must be a non-empty list of messages.")
     messages = tuple(_message(i, m) for i, m in enumerate(raw))
-    if messages[-1].role == "assistant":
+    if messages[-1].role == "assistant" and (messages[-1].tool_calls or len(messages) == 1):
         raise _invalid(
             "messages",
-            "The last message is the assistant's; end with a user (or system) message "
-            "for the model to answer.",
+            "The last message is the assistant's with nothing before it to answer, or with "
+            "tool calls and no results; a last assistant message of text is continued.",
         )
     for i, message in enumerate(messages):
         before = messages[i - 1] if i else None
