@@ -76,6 +76,7 @@ from app.server.schema import (
 )
 from app.server.served import ReplySink
 from app.server.tool_replies import CallDelta, ToolStream
+from app.server.utility import UtilityRoutes
 from app.toolcalls.reasoning import ReasoningSplitter
 
 logger = logging.getLogger("stoke.server")
@@ -129,6 +130,7 @@ class ApiServer(RequestCore):
             app.router.add_get(f"{prefix}/health", self._health)
         AnthropicApi(self).add_routes(app)
         self.responses.add_routes(app)
+        UtilityRoutes(self).add_routes(app)
         runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
         self._runner = runner

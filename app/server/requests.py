@@ -20,12 +20,13 @@ from aiohttp import web
 from app.engine.chat_template import ChatTemplate, TemplateError
 from app.engine.host import EngineClient, Generation
 from app.engine.prewarm import Prewarmer
-from app.engine.protocol import ModelInfo
+from app.engine.protocol import GenerationStats, ModelInfo
 from app.engine.remote_wire import WIRE_TEMPLATE
 from app.engine.worker import Priority
 from app.models.names import model_name
 from app.server.grammar import constrained
 from app.server.http import read_body
+from app.server.metrics import DECODE_BUCKETS, TTFT_BUCKETS_S, Histogram
 from app.server.prompts import ChatPrompts, passthrough_variables, with_tools
 from app.server.replay import ReplyStore, calls_key
 from app.server.replies import Reply, finish_reason
@@ -60,13 +61,27 @@ class ServerConfig:
 
 @dataclass
 class ServerStats:
-    """Counters for the settings page and the tests."""
+    """Counters for the settings page, /metrics and the tests."""
 
     requests: int = 0
     completed: int = 0
     disconnected: int = 0  # the client left mid-reply; its generation was cancelled
     rejected: int = 0  # answered with an error
     in_flight: int = 0
+    prompt_tokens: int = 0  # of finished replies' prompts
+    reused_tokens: int = 0  # of those, reused from the cache (resident or restored)
+    generated_tokens: int = 0
+    ttft_s: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
+    decode_tok_s: Histogram = field(default_factory=lambda: Histogram(DECODE_BUCKETS))
+
+    def count(self, stats: GenerationStats, generated: int) -> None:
+        """A finished reply's numbers into the totals."""
+        self.prompt_tokens += stats.prompt_tokens
+        self.reused_tokens += stats.reused_tokens
+        self.generated_tokens += generated
+        self.ttft_s.observe(stats.ttft_s)
+        if generated:
+            self.decode_tok_s.observe(stats.decode_tok_s)
 
 
 @dataclass
@@ -269,6 +284,7 @@ class RequestCore:
         self.stats.completed += 1
         stats = reply.stats
         if stats is not None:
+            self.stats.count(stats, len(reply.tokens))
             logger.info(
                 "%s %s: prompt %d (cached %d), generated %d, ttft %.3f s",
                 job.kind,

@@ -70,6 +70,10 @@ class SlotMap:
     def names(self) -> list[str]:
         return list(self._slots)
 
+    def busy(self, name: str) -> bool:
+        slot = self._slots.get(name)
+        return slot.busy if slot else False
+
     def tokens(self, name: str) -> tuple[int, ...]:
         slot = self._slots.get(name)
         return slot.tokens if slot else ()

@@ -1,0 +1,63 @@
+"""llama-server's utility endpoints on Stoke's server, with the tiny model: tokenize and
+detokenize round-trip, the template's text, props, slots, and Prometheus metrics that count
+what the replies did (prompt tokens reused by a follow-up among them)."""
+
+from __future__ import annotations
+
+import re
+
+import requests
+
+from tests.e2e.serving import API_KEY, ServerThread
+
+SERVE_TINY = True  # conftest's `served` runs the tiny chat model
+KEY = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def _post(served: ServerThread, path: str, body: dict) -> requests.Response:
+    return requests.post(served.url.removesuffix("/v1") + path, json=body, headers=KEY, timeout=60)
+
+
+def _get(served: ServerThread, path: str) -> requests.Response:
+    return requests.get(served.url.removesuffix("/v1") + path, headers=KEY, timeout=60)
+
+
+def test_tokenize_detokenize_and_the_template(served: ServerThread) -> None:
+    tokens = _post(served, "/tokenize", {"content": "Hello there"}).json()["tokens"]
+    assert tokens and all(isinstance(t, int) for t in tokens)
+    assert _post(served, "/detokenize", {"tokens": tokens}).json() == {"content": "Hello there"}
+    pieces = _post(served, "/tokenize", {"content": "Hello there", "with_pieces": True}).json()
+    assert "".join(p["piece"] for p in pieces["tokens"]) == "Hello there"
+    bad = _post(served, "/detokenize", {"tokens": [-1]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    prompt = _post(served, "/apply-template", {"messages": [{"role": "user", "content": "Hi"}]})
+    assert "Hi" in prompt.json()["prompt"]
+
+
+def test_props_slots_and_metrics_follow_the_replies(served: ServerThread) -> None:
+    props = _get(served, "/props").json()
+    assert props["default_generation_settings"]["n_ctx"] > 0 and props["chat_template"]
+    client = served.client()
+    history = [{"role": "user", "content": "Count with me: one, two"}]
+    first = client.chat.completions.create(
+        model=served.model, messages=history, max_tokens=6, temperature=0
+    )
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Go on."},
+    ]
+    client.chat.completions.create(
+        model=served.model, messages=history, max_tokens=6, temperature=0
+    )
+    slots = _get(served, "/slots").json()
+    assert any(s["n_tokens"] > 0 and not s["is_processing"] for s in slots)
+    text = _get(served, "/metrics").text
+
+    def value(name: str) -> float:
+        return float(re.search(rf"^stoke:{name} (\S+)$", text, re.M)[1])
+
+    assert value("replies_total") >= 2
+    assert value("prompt_tokens_reused_total") > 0  # the follow-up reused the first turn
+    assert value("ttft_seconds_count") >= 2
+    assert re.search(r'^stoke:model_loaded\{model=".+"\} 1$', text, re.M)
+    assert requests.get(served.url.removesuffix("/v1") + "/metrics", timeout=60).status_code == 401
