@@ -3,7 +3,9 @@
 Routes: GET /v1/models (and /v1/models/{id}), POST /v1/chat/completions, POST
 /v1/completions, POST /v1/messages (Anthropic's, anthropic.py), POST /v1/responses
 (responses.py) (each streaming as server-sent events or not), each also without the /v1
-prefix as llama-server serves them, and GET /health (no key; the engine's status only). The
+prefix as llama-server serves them, llama-server's /tokenize, /detokenize, /apply-template,
+/props, /slots and /metrics (utility.py), Ollama's /api routes (ollama.py), and GET /health
+(no key; the engine's status only). The
 server shares the EngineClient the window uses, so it runs on the same asyncio loop and the
 engine process serialises its work with the GUI's.
 
@@ -32,7 +34,8 @@ Beside it: requests.py (the request core every API runs on: a request as a job, 
 generation, each reply's finish), http.py (connections and errors in words), replies.py (a
 reply cut at its stop sequences, its usage), schema.py (requests), prompts.py and replay.py
 (exact replies), served.py (each finished chat reply handed to the sink given, if any: the
-window keeps them). The other APIs' routes (anthropic.py, responses.py) are handed the core;
+window keeps them). The other APIs' routes (anthropic.py, responses.py, utility.py,
+ollama.py) are handed the core;
 this module imports them, never the reverse.
 
 After each reply the conversation's KV is snapshotted in the background (as the window does
@@ -65,6 +68,7 @@ from app.server.http import (
     write_event,
 )
 from app.server.logprobs import TokenTexts, chat_logprobs, completion_logprobs
+from app.server.ollama import OllamaApi
 from app.server.replies import Reply, finish_reason, timings, usage
 from app.server.requests import RETRY_AFTER_S, Job, RequestCore, ServerConfig
 from app.server.responses import ResponsesApi
@@ -131,6 +135,7 @@ class ApiServer(RequestCore):
         AnthropicApi(self).add_routes(app)
         self.responses.add_routes(app)
         UtilityRoutes(self).add_routes(app)
+        OllamaApi(self).add_routes(app)
         runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
         self._runner = runner
@@ -268,7 +273,7 @@ class ApiServer(RequestCore):
         """One model by id: a lookup, so an unknown id is 404 even when requests naming it
         would be served."""
         if request.match_info["model_id"] != self.model_id:
-            raise self._unknown_model(request.match_info["model_id"])
+            raise self.unknown_model(request.match_info["model_id"])
         return web.json_response(self._model_entry())
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -285,7 +290,7 @@ class ApiServer(RequestCore):
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         completion = parse_completion(await self.body(request))
         params = shaped(completion)
-        info = await self._ready(params)
+        info = await self.model_ready(params)
         job = Job("completion", params, self._raw_prompt(completion, info))
         return await self.generate(request, job, info, self._respond)
 

@@ -136,14 +136,14 @@ class RequestCore:
     async def body(self, request: web.Request) -> dict[str, Any]:
         return await read_body(request, self.config.max_body_bytes, self.config.body_timeout_s)
 
-    async def _ready(self, params: GenerationParams) -> ModelInfo:
+    async def model_ready(self, params: GenerationParams) -> ModelInfo:
         """The loaded model's info. With one model loaded, any model name is served by it
         (as llama-server and LM Studio do), unless the server is strict about names."""
         if params.model != self.model_id and self.config.strict_model:
-            raise self._unknown_model(params.model)
+            raise self.unknown_model(params.model)
         return await self.engine.ready()
 
-    def _unknown_model(self, name: str) -> ApiError:
+    def unknown_model(self, name: str) -> ApiError:
         return ApiError(
             404,
             f"The model {name[:100]!r} does not exist here; this server has {self.model_id!r} "
@@ -155,7 +155,7 @@ class RequestCore:
     async def chat_job(self, chat: ChatRequest) -> tuple[Job, ModelInfo]:
         """A chat request as the job to run: its prompt, grammar and tools (every chat API
         of this server goes through here)."""
-        info = await self._ready(chat.params)
+        info = await self.model_ready(chat.params)
         source = ChatTemplate(info.chat_template).source
         syntax = syntax_for(source, info.architecture)
         passthrough = source == WIRE_TEMPLATE  # a chat-mode remote: its server does tools
