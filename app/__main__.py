@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 from app import paths, qt_check
-from app.cli import bench, chat, dev, doctor, models, plan, serve
+from app.cli import bench, chat, dev, doctor, models, plan, serve, service
 from app.conversations import StoreError
 from app.engine.protocol import EngineError
 from app.launch import load_options_of
 
 # The subcommands, in the order `stoke --help` lists them: each module adds its parser.
-COMMANDS = (chat, models, serve, doctor, bench, plan, dev)
+COMMANDS = (chat, models, serve, service, doctor, bench, plan, dev)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.cli",),  # one module per subcommand
     ("app.bench",),  # benchmarks: they drive the window, the server and the engines
     ("app.ui",),  # Qt only
-    ("app.doctor",),
+    ("app.doctor", "app.service"),  # `stoke doctor`s report; `stoke serve` as a system service
     ("app.server", "app.tool_loop"),  # the local API; the chat's turns with tools
     ("app.session", "app.launch"),  # one turn end to end; how a model loads
     ("app.toolcalls",),  # the tool-call mechanism the server and the session share
