@@ -339,6 +339,10 @@ class EngineClient:
     async def detokenize(self, tokens: Sequence[int]) -> str:
         return await self._call("detokenize", (list(tokens),))
 
+    async def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """One L2-normalised vector per input's tokens (a GGUF model on llama.cpp)."""
+        return await self._call("embed", ([list(t) for t in inputs],), priority=Priority.USER)
+
     async def snapshot(
         self, slot: str, *, priority: Priority = Priority.BACKGROUND, wait: bool = False
     ) -> int:

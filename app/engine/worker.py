@@ -199,6 +199,11 @@ class _Child:
             elif method == "prefill":
                 self.send("state", EngineState.PREFILLING)
                 result = self.engine.prefill(*args, cancel=cancel, **kwargs)
+            elif method == "embed" and not hasattr(self.engine, "embed"):
+                raise EngineError(
+                    "This model's engine does not make embeddings: a GGUF model on llama.cpp "
+                    "does (MLX models and remote servers do not, here)."
+                )
             else:
                 result = getattr(self.engine, method)(*args, **kwargs)
         except Exception as exc:  # every failure travels back to the caller as words

@@ -4,7 +4,8 @@ Routes: GET /v1/models (and /v1/models/{id}), POST /v1/chat/completions, POST
 /v1/completions, POST /v1/messages (Anthropic's, anthropic.py), POST /v1/responses
 (responses.py) (each streaming as server-sent events or not), each also without the /v1
 prefix as llama-server serves them, llama-server's /tokenize, /detokenize, /apply-template,
-/props, /slots and /metrics (utility.py), Ollama's /api routes (ollama.py), and GET /health
+/props, /slots and /metrics (utility.py), Ollama's /api routes (ollama.py), embeddings
+(embeddings.py: /v1/embeddings, /api/embed), and GET /health
 (no key; the engine's status only). The
 server shares the EngineClient the window uses, so it runs on the same asyncio loop and the
 engine process serialises its work with the GUI's.
@@ -35,7 +36,7 @@ generation, each reply's finish), http.py (connections and errors in words), rep
 reply cut at its stop sequences, its usage), schema.py (requests), prompts.py and replay.py
 (exact replies), served.py (each finished chat reply handed to the sink given, if any: the
 window keeps them). The other APIs' routes (anthropic.py, responses.py, utility.py,
-ollama.py) are handed the core;
+ollama.py, embeddings.py) are handed the core;
 this module imports them, never the reverse.
 
 After each reply the conversation's KV is snapshotted in the background (as the window does
@@ -57,6 +58,7 @@ from app.engine.host import EngineClient, EngineState
 from app.engine.protocol import EngineError, ModelInfo
 from app.server import auth
 from app.server.anthropic import AnthropicApi, error_shape
+from app.server.embeddings import EmbeddingsApi
 from app.server.errors import Shape
 from app.server.grammar import shaped
 from app.server.http import (
@@ -136,6 +138,7 @@ class ApiServer(RequestCore):
         self.responses.add_routes(app)
         UtilityRoutes(self).add_routes(app)
         OllamaApi(self).add_routes(app)
+        EmbeddingsApi(self).add_routes(app)
         runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()
         self._runner = runner

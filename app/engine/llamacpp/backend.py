@@ -33,6 +33,7 @@ from app.engine.chat_template import builtin_template
 from app.engine.constraint import Constraint, tokenizer_from_vocab
 from app.engine.gguf_info import inspect_gguf
 from app.engine.llamacpp import cpu_buffers, rpc
+from app.engine.llamacpp.embeddings import Embedder
 from app.engine.llamacpp.handles import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 from app.engine.llamacpp.mtp import LlamaMtpHead, hidden_rows, nextn_api
 from app.engine.llamacpp.overrides import apply_overrides
@@ -390,6 +391,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         self._nextn = None  # llama.cpp's hidden-state calls, once an MTP head is open
         self._cparams: llama_cpp.llama_context_params | None = None
         self._rollback = 0  # the context's n_rs_seq
+        self._embedder: Embedder | None = None  # the embedding context, once asked
 
     # -- loading --------------------------------------------------------------------------
 
@@ -493,7 +495,19 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         n = llama_cpp.llama_model_meta_val_str(self._model.ptr, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """One L2-normalised vector per input's tokens (embeddings.py), from a small context
+        made on first use and kept until the model unloads."""
+        if self._model is None:
+            raise EngineError("No model is loaded.")
+        if self._embedder is None:
+            self._embedder = Embedder(self._model, self._cparams.n_threads)
+        return self._embedder.embed(inputs)
+
     def _close_runtime(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
         for handle in (self._batch, self._ctx, self._model):
             if handle is not None:
                 handle.close()
