@@ -78,7 +78,9 @@ class ChatPrompts:
                 if message.tool_calls
                 else None
             )
-            stored = self.replies.find(message.text, message.reasoning, calls)
+            stored = self.replies.find(
+                message.text, message.reasoning, calls, prompt=transcript.prompt
+            )
             if stored is not None:
                 transcript.add_reply(message.text, stored.tokens, stored.fingerprint)
             elif message.tool_calls:  # the calls as this model writes them

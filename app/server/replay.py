@@ -20,7 +20,12 @@ The rules, in the order they are tried, for one assistant message of an incoming
    and canonical arguments (parsed JSON, keys sorted: re-serialized, reordered or re-spaced
    arguments match; call ids are ignored, clients rewrite them), with the same content up to
    surrounding whitespace; reasoning as in rule 2. Only this rule applies to such a message.
-5. No match: the message's text is tokenized (a tool call written in the model's own syntax);
+5. All reasoning: a reply cut before its reasoning ended has no content to match by. Sent
+   back with its reasoning (`reasoning_content`, or inline after `<think>`), it matches by
+   the reasoning, up to surrounding whitespace; sent back empty (the reasoning dropped), it
+   matches the reply that answered the very prompt the history before it renders to (its
+   position: an empty message stands for nothing else).
+6. No match: the message's text is tokenized (a tool call written in the model's own syntax);
    from there on the prompt is new to the KV.
 
 When two replies share a key the newer one wins. Entries belong to one model fingerprint:
@@ -32,8 +37,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from app.toolcalls.reasoning import THINK_CLOSE, THINK_OPEN
 
 MAX_REPLIES = 8192  # ~4 keys each; ids of a typical reply are a few KiB
 
@@ -69,13 +76,17 @@ class ReplyStore:
         reasoning: str = "",
         content: str | None = None,
         calls: str | None = None,
+        prompt: Sequence[int] = (),
     ) -> None:
         """Remember a reply: its full text, and its content when reasoning was split off; a
-        reply that made tool calls only under `calls` (calls_key)."""
+        reply that made tool calls only under `calls` (calls_key); one that is all reasoning
+        also under its reasoning and the `prompt` it answered (rule 5)."""
         reply = StoredReply(tuple(tokens), fingerprint, reasoning.strip())
         keys = [_key("full", text), _key("full-trim", text.strip())]
         if content is not None and content.strip() and content != text:
             keys += [_key("content", content), _key("content-trim", content.strip())]
+        if content is not None and not content.strip() and reasoning.strip():
+            keys += [_key("reasoning", reasoning.strip()), answering(prompt)]
         if calls is not None:
             keys = [_key("calls", calls)]
         for key in keys:
@@ -85,9 +96,14 @@ class ReplyStore:
             self._entries.popitem(last=False)
 
     def find(
-        self, text: str, reasoning: str | None = None, calls: str | None = None
+        self,
+        text: str,
+        reasoning: str | None = None,
+        calls: str | None = None,
+        prompt: Callable[[], Sequence[int]] | None = None,
     ) -> StoredReply | None:
-        """The stored reply an assistant message stands for (rules in the module doc)."""
+        """The stored reply an assistant message stands for (rules in the module doc);
+        `prompt` gives the tokens the history before the message renders to (rule 5)."""
         probes = (
             [("calls", calls)]
             if calls is not None
@@ -111,7 +127,33 @@ class ReplyStore:
                 return None
             self._entries.move_to_end(_key(kind, probe))
             return reply
-        return None
+        return None if calls is not None else self._all_reasoning(text, reasoning, prompt)
+
+    def _all_reasoning(
+        self, text: str, reasoning: str | None, prompt: Callable[[], Sequence[int]] | None
+    ) -> StoredReply | None:
+        """Rule 5: a reply that was all reasoning, by its reasoning or by its position."""
+        inline = text.strip()
+        if inline.startswith(THINK_OPEN):
+            inline = inline.removeprefix(THINK_OPEN).removesuffix(THINK_CLOSE).strip()
+        elif inline:
+            return None  # an answer the client wrote or changed: not a reply of ours
+        said = (reasoning or "").strip() or inline
+        if said:
+            key = _key("reasoning", said)
+        elif prompt is not None:
+            key = answering(prompt())
+        else:
+            return None
+        reply = self._entries.get(key)
+        if reply is not None:
+            self._entries.move_to_end(key)
+        return reply
+
+
+def answering(prompt: Sequence[int]) -> bytes:
+    """The key of the reply to `prompt` (its tokens, generation prompt included)."""
+    return _key("after", ",".join(map(str, prompt)))
 
 
 def calls_key(content: str, calls: Sequence[str]) -> str:

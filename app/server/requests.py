@@ -308,6 +308,7 @@ class RequestCore:
                 reasoning=reasoning,
                 content=content,
                 calls=calls_key(content, [c.canonical() for c in calls]) if calls else None,
+                prompt=job.prompt,
             )
         return reasoning, content, calls
 

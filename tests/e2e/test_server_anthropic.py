@@ -266,3 +266,25 @@ def _turn_plain(client: anthropic.Anthropic, messages: list, kwargs: dict, strea
         message = events.get_final_message()
     assert "thinking_delta" in deltas and "text_delta" in deltas
     return message
+
+
+def test_a_reply_all_thinking_is_replayed(reasoning: ServerThread) -> None:
+    """A reply cut inside its thinking (a thinking block alone), sent back as it came: the
+    next turn reuses the whole previous prompt and reply."""
+    client = _client(reasoning)
+    messages: list = [{"role": "user", "content": "Think about the number 7."}]
+    kwargs = dict(
+        model=reasoning.model,
+        max_tokens=12,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body={"temperature": 0},
+    )
+    first = client.messages.create(messages=messages, **kwargs)
+    assert first.content[0].type == "thinking" and first.stop_reason == "max_tokens"
+    held = (
+        first.usage.input_tokens + first.usage.cache_read_input_tokens + first.usage.output_tokens
+    )
+    blocks = [b.model_dump(exclude_none=True) for b in first.content if b.type == "thinking"]
+    messages += [{"role": "assistant", "content": blocks}, {"role": "user", "content": "Go on."}]
+    second = client.messages.create(messages=messages, **kwargs)
+    assert second.usage.cache_read_input_tokens >= held - 1, (held, second.usage)
