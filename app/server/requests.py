@@ -8,6 +8,7 @@ and write the reply in their own shape; `ApiServer` is one, with its HTTP app ar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -22,6 +23,7 @@ from app.engine.host import EngineClient, Generation
 from app.engine.prewarm import Prewarmer
 from app.engine.protocol import GenerationStats, ModelInfo
 from app.engine.remote_wire import WIRE_TEMPLATE
+from app.engine.transcript import Tokenizer
 from app.engine.worker import Priority
 from app.models.names import model_name
 from app.server.grammar import constrained
@@ -210,6 +212,8 @@ class RequestCore:
                 param="messages" if job.kind == "chat" else "prompt",
                 code="context_length_exceeded",
             )
+        if job.params.text_bias:
+            job.params = with_text_bias(job.params, self.engine.local_tokenizer())
         bad = [t for t, _ in job.params.sampling.logit_bias if t >= info.n_vocab]
         if bad:
             raise ApiError(
@@ -358,3 +362,14 @@ def _prefill(chat: ChatRequest) -> tuple[tuple[Message, ...], str]:
     if last.role != "assistant":
         return chat.messages, ""
     return chat.messages[:-1], last.text
+
+
+def with_text_bias(params: GenerationParams, tokenizer: Tokenizer) -> GenerationParams:
+    """`params` with each biased text's tokens biased by id (an id given both ways keeps
+    the id's bias)."""
+    by_id = dict(params.sampling.logit_bias)
+    for text, bias in params.text_bias:
+        for token in tokenizer.tokenize(text):
+            by_id.setdefault(token, bias)
+    sampling = dataclasses.replace(params.sampling, logit_bias=tuple(sorted(by_id.items())))
+    return dataclasses.replace(params, sampling=sampling, text_bias=())

@@ -79,6 +79,9 @@ class GenerationParams:
     include_usage: bool = False
     stop: tuple[str, ...] = ()
     return_token_ids: bool = False
+    # llama-server's `logit_bias` by text: each of the text's tokens gets the bias (the
+    # server tokenizes it once the model is known, requests.py)
+    text_bias: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,7 @@ def _params(body: Mapping[str, Any], max_tokens: Any, *, chat: bool) -> Generati
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
         raise _invalid("seed", "`seed` must be a whole number.")
+    by_id, by_text = _logit_bias(body.get("logit_bias"))
     sampling = SamplingParams(
         temperature=_number(body, "temperature", _DEFAULTS.temperature, 0.0, 2.0),
         top_p=_number(body, "top_p", _DEFAULTS.top_p, 0.0, 1.0),
@@ -281,7 +285,7 @@ def _params(body: Mapping[str, Any], max_tokens: Any, *, chat: bool) -> Generati
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.1, 2.0),
-        logit_bias=_logit_bias(body.get("logit_bias")),
+        logit_bias=by_id,
         logprobs=logprobs,
     )
     return GenerationParams(
@@ -292,6 +296,7 @@ def _params(body: Mapping[str, Any], max_tokens: Any, *, chat: bool) -> Generati
         include_usage=bool(options.get("include_usage")),
         stop=_stops(body.get("stop")),
         return_token_ids=bool(body.get("return_token_ids")),
+        text_bias=by_text,
     )
 
 
@@ -328,25 +333,43 @@ def _stops(raw: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
-    """OpenAI's `{"token id": bias}` as sorted pairs; whether each id is in the vocabulary is
-    checked where the model is known (the server)."""
+def _logit_bias(
+    raw: Any,
+) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[str, float], ...]]:
+    """OpenAI's `{"token id": bias}`, or llama-server's `[[id or text, bias], ...]` (and text
+    keys in the object), as (by id, by text) sorted pairs; `false` as a bias bans the token
+    (-100). Whether each id is in the vocabulary is checked where the model is known."""
     if raw is None:
-        return ()
-    if not isinstance(raw, Mapping):
-        raise _invalid("logit_bias", "`logit_bias` must be an object of token id -> bias.")
-    if len(raw) > MAX_LOGIT_BIAS:
+        return (), ()
+    if isinstance(raw, Mapping):
+        items = list(raw.items())
+    elif isinstance(raw, list) and all(isinstance(p, list) and len(p) == 2 for p in raw):
+        items = [(key, bias) for key, bias in raw]
+    else:
+        raise _invalid(
+            "logit_bias",
+            "`logit_bias` must be an object of token id -> bias, or a list of [token id or "
+            "text, bias] pairs.",
+        )
+    if len(items) > MAX_LOGIT_BIAS:
         raise _invalid("logit_bias", f"`logit_bias` may hold up to {MAX_LOGIT_BIAS:,} tokens.")
-    pairs = {}
-    for key, bias in raw.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
-            raise _invalid(
-                "logit_bias", '`logit_bias` keys must be token ids (whole numbers, like "42").'
-            )
+    by_id: dict[int, float] = {}
+    by_text: dict[str, float] = {}
+    for key, bias in items:
+        if bias is False:
+            bias = -100.0
         if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
             raise _invalid("logit_bias", "`logit_bias` values must be numbers from -100 to 100.")
-        pairs[int(key)] = float(bias)
-    return tuple(sorted(pairs.items()))
+        digits = isinstance(key, str) and key.isascii() and key.isdigit()
+        if (_is_int(key) and key >= 0) or digits:
+            by_id[int(key)] = float(bias)
+        elif isinstance(key, str) and key:
+            by_text[key] = float(bias)
+        else:
+            raise _invalid(
+                "logit_bias", "`logit_bias` keys must be token ids (like 42) or non-empty text."
+            )
+    return tuple(sorted(by_id.items())), tuple(sorted(by_text.items()))
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:

@@ -202,6 +202,17 @@ def test_logit_bias_moves_the_greedy_token(served: ServerThread) -> None:
     assert reply.choices[0].token_ids == [forced, forced]
 
 
+def test_logit_bias_by_text_and_llama_servers_pairs(served: ServerThread) -> None:
+    """llama-server's forms: [[id, bias]], [[text, bias]] (each of the text's tokens), a
+    text key in the object, and `false` to ban."""
+    first = _greedy_ids(served, 1)[0]
+    assert _greedy_ids(served, 1, logit_bias=[[first, False]])[0] != first
+    word = " banana"
+    ids = served.server.engine.local_tokenizer().tokenize(word)
+    assert _greedy_ids(served, 1, logit_bias=[[word, 100]])[0] in ids
+    assert _greedy_ids(served, 1, logit_bias={word: 100})[0] in ids
+
+
 def test_penalties_change_a_repetitive_reply(served: ServerThread) -> None:
     plain = _greedy_ids(served, prompt=REPEATING)
     for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"repeat_penalty": 1.8}):
@@ -216,7 +227,7 @@ def test_out_of_range_and_unsupported_sampling_fields_are_400(served: ServerThre
         ({"frequency_penalty": -2.5}, "frequency_penalty"),
         ({"repeat_penalty": 0}, "repeat_penalty"),
         ({"logit_bias": {"1000": 150}}, "logit_bias"),
-        ({"logit_bias": {"hello": 1}}, "logit_bias"),
+        ({"logit_bias": {"": 1}}, "logit_bias"),
         ({"logit_bias": {str(10**9): 1}}, "logit_bias"),
         ({"logit_bias": [1, 2]}, "logit_bias"),
         ({"best_of": 2}, "best_of"),
