@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -325,12 +326,29 @@ class ApiServer(RequestCore):
         return await self._whole(job, slot, held)
 
     async def _whole(self, job: Job, slot: str, held: list[int]) -> web.Response:
-        reply = Reply(job.params.stop)
-        async with contextlib.aclosing(self.run(job, slot, held, reply)) as events:
-            async for _ in events:
-                pass
+        """The reply, or `n` of them: each from the same prompt (its KV reused), seeded one
+        after another from the request's seed where it gave one."""
+        choices, replies = [], []
+        for index in range(job.params.n):
+            held[:] = job.prompt  # each choice starts from the prompt alone
+            one = job if index == 0 else _nth(job, index)
+            reply = Reply(job.params.stop)
+            async with contextlib.aclosing(self.run(one, slot, held, reply)) as events:
+                async for _ in events:
+                    pass
+            choices.append(self._choice(one, reply, index))
+            replies.append(reply)
+        body = self._envelope(job, chunk=False)
+        body["choices"] = choices
+        body["usage"] = usage(*replies)
+        body["timings"] = timings(replies[0])
+        if job.params.return_token_ids:
+            body["prompt_token_ids"] = job.prompt
+        return web.json_response(body)
+
+    def _choice(self, job: Job, reply: Reply, index: int) -> dict[str, Any]:
         reasoning, content, calls = self.finish_reply(job, reply)
-        choice: dict[str, Any] = {"index": 0}
+        choice: dict[str, Any] = {"index": index}
         if job.kind == "chat":
             message: dict[str, Any] = {
                 "role": "assistant",
@@ -347,13 +365,7 @@ class ApiServer(RequestCore):
         choice["finish_reason"] = "tool_calls" if calls else finish_reason(reply)
         if job.params.return_token_ids:
             choice["token_ids"] = reply.tokens
-        body = self._envelope(job, chunk=False)
-        body["choices"] = [choice]
-        body["usage"] = usage(reply)
-        body["timings"] = timings(reply)
-        if job.params.return_token_ids:
-            body["prompt_token_ids"] = job.prompt
-        return web.json_response(body)
+        return choice
 
     async def _stream(
         self, request: web.Request, job: Job, slot: str, held: list[int]
@@ -466,3 +478,12 @@ class ApiServer(RequestCore):
         texts = TokenTexts(self.engine.local_tokenizer())
         shape = chat_logprobs if job.kind == "chat" else completion_logprobs
         return shape(reply.tokens[start:], reply.scores[start:], texts)
+
+
+def _nth(job: Job, index: int) -> Job:
+    """The job of choice `index`: the request's seed moved on by `index` where it gave one
+    (else each choice draws its own)."""
+    sampling = job.params.sampling
+    seed = None if sampling.seed is None else sampling.seed + index
+    params = dataclasses.replace(job.params, sampling=dataclasses.replace(sampling, seed=seed))
+    return dataclasses.replace(job, params=params)

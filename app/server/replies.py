@@ -83,12 +83,13 @@ def finish_reason(reply: Reply) -> str:
     return "length"
 
 
-def usage(reply: Reply) -> dict[str, Any]:
-    """OpenAI's usage. Its prediction counts answer a request's `prediction`, which this
-    server does not take, so they are 0; Stoke's own drafts are in `timings`."""
+def usage(reply: Reply, *more: Reply) -> dict[str, Any]:
+    """OpenAI's usage (of all the choices' replies: the prompt once, every reply's tokens).
+    Its prediction counts answer a request's `prediction`, which this server does not take,
+    so they are 0; Stoke's own drafts are in `timings`."""
     stats = reply.stats
     prompt = stats.prompt_tokens if stats else 0
-    generated = len(reply.tokens)
+    generated = len(reply.tokens) + sum(len(r.tokens) for r in more)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": generated,

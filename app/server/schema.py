@@ -30,6 +30,7 @@ from app.toolcalls.tools import (
 )
 
 MAX_STOPS = 4
+MAX_CHOICES = 8  # `n`: choices per request
 MAX_JSON_DEPTH = 64  # a chat request needs about 5 levels
 MAX_LOGIT_BIAS = 1024  # entries; each costs a little on every sampled token
 # Names the server itself gives the chat template; a client's chat_template_kwargs may not.
@@ -82,6 +83,7 @@ class GenerationParams:
     # llama-server's `logit_bias` by text: each of the text's tokens gets the bias (the
     # server tokenizes it once the model is known, requests.py)
     text_bias: tuple[tuple[str, float], ...] = ()
+    n: int = 1  # choices, made one after another from the same prompt (its KV reused)
 
 
 @dataclass(frozen=True)
@@ -258,9 +260,11 @@ def _params(body: Mapping[str, Any], max_tokens: Any, *, chat: bool) -> Generati
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("model", "`model` is required: one of the ids /v1/models lists.")
-    n = body.get("n", 1)
-    if n not in (None, 1):
-        raise _invalid("n", "Only one choice per request is supported (`n` must be 1).")
+    n = 1 if body.get("n") is None else body.get("n")
+    if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
+        raise _invalid("n", f"`n` must be a whole number from 1 to {MAX_CHOICES}.")
+    if n > 1 and body.get("stream"):
+        raise _invalid("n", "Several choices (`n` > 1) are answered whole: set `stream` false.")
     if body.get("best_of") not in (None, 1):
         raise _invalid("best_of", "Only one candidate per request is made (`best_of` must be 1).")
     logprobs = _logprobs(body, chat=chat)
@@ -297,6 +301,7 @@ def _params(body: Mapping[str, Any], max_tokens: Any, *, chat: bool) -> Generati
         stop=_stops(body.get("stop")),
         return_token_ids=bool(body.get("return_token_ids")),
         text_bias=by_text,
+        n=n,
     )
 
 

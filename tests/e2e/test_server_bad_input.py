@@ -86,7 +86,8 @@ def test_malformed_json_and_wrong_shapes_are_400(served: ServerThread) -> None:
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": "x"}], "temperature": 7}, "temperature"),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 9}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2, "stream": True}, "n"),
     ]
     for fields, param in cases:
         with pytest.raises(openai.BadRequestError) as caught:
@@ -110,7 +111,7 @@ def test_unknown_model_and_route_are_404(served: ServerThread) -> None:
         served.server.config = config
     assert caught.value.body["code"] == "model_not_found"
     assert served.model in caught.value.body["message"]
-    status, body = _post(served, "/v1/embeddings", b"{}")
+    status, body = _post(served, "/v1/audio/speech", b"{}")
     assert status == 404 and "/v1/chat/completions" in body["error"]["message"]
     _still_serves(served)
 

@@ -335,3 +335,26 @@ def test_any_model_name_is_served_by_the_one_model_unless_strict(served: ServerT
         assert served.model in caught.value.body["message"]
     finally:
         served.server.config = config
+
+
+def test_n_choices_each_from_the_same_prompt(served: ServerThread) -> None:
+    """`n` > 1: that many choices, indexed, each drawn from the prompt alone (seeded one
+    after another from the request's seed, so the same request gives the same choices)."""
+
+    def ask() -> object:
+        return served.client().chat.completions.create(
+            model=served.model,
+            messages=[{"role": "user", "content": "Say something."}],
+            max_tokens=6,
+            temperature=1.0,
+            seed=7,
+            n=3,
+            extra_body={"return_token_ids": True},
+        )
+
+    first, again = ask(), ask()
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    ids = [tuple(c.token_ids) for c in first.choices]
+    assert ids == [tuple(c.token_ids) for c in again.choices]
+    assert len(set(ids)) > 1  # three draws, not one reply thrice
+    assert first.usage.completion_tokens == sum(len(i) for i in ids)
