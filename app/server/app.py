@@ -56,7 +56,7 @@ from typing import Any
 from aiohttp import web
 
 from app.engine.host import EngineClient, EngineState
-from app.engine.protocol import EngineError, ModelInfo
+from app.engine.protocol import EngineError, ModelInfo, PrefillProgress
 from app.server import auth
 from app.server.anthropic import AnthropicApi, error_shape
 from app.server.embeddings import EmbeddingsApi
@@ -415,11 +415,17 @@ class ApiServer(RequestCore):
                 if first:
                     body["prompt_token_ids"] = job.prompt
             body["choices"] = [choice]
-            await write_event(response, body)
+            async with writing:
+                await write_event(response, body)
 
+        writing = asyncio.Lock()  # progress chunks and the reply's, one at a time, in order
+        progress = _ProgressChunks(self._envelope(job, chunk=True), response, writing)
         try:
             await send(first=True)
-            async with contextlib.aclosing(self.run(job, slot, held, reply)) as events:
+            events = self.run(
+                job, slot, held, reply, progress.heard if job.params.return_progress else None
+            )
+            async with contextlib.aclosing(events) as events:
                 async for piece, ids in events:
                     reasoning, text = splitter.feed(piece) if splitter else ("", piece)
                     text = calls_text.feed(text) if calls_text else text
@@ -438,6 +444,7 @@ class ApiServer(RequestCore):
                 streamed = (content, calls)
                 if text or deltas:
                     await send(text, calls=deltas)
+            await progress.sent()
             _, _, calls = self.finish_reply(job, reply, streamed)
             await send(finish="tool_calls" if calls else finish_reason(reply))
             if job.params.include_usage:
@@ -487,3 +494,37 @@ def _nth(job: Job, index: int) -> Job:
     seed = None if sampling.seed is None else sampling.seed + index
     params = dataclasses.replace(job.params, sampling=dataclasses.replace(sampling, seed=seed))
     return dataclasses.replace(job, params=params)
+
+
+class _ProgressChunks:
+    """llama-server's `prompt_progress` chunks (`return_progress`): each prefill step the
+    engine reports is written as it comes (total, processed, time_ms), ordered with the
+    reply's own chunks by their shared lock."""
+
+    def __init__(
+        self, envelope: dict[str, Any], response: web.StreamResponse, lock: asyncio.Lock
+    ) -> None:
+        self._envelope, self._response, self._lock = envelope, response, lock
+        self._start = time.monotonic()
+        self._writes: list[asyncio.Task] = []
+
+    def heard(self, step: PrefillProgress) -> None:
+        body = {
+            **self._envelope,
+            "choices": [],
+            "prompt_progress": {
+                "total": step.total,
+                "processed": step.done,
+                "time_ms": round(1000 * (time.monotonic() - self._start), 1),
+            },
+        }
+        self._writes.append(asyncio.get_running_loop().create_task(self._write(body)))
+
+    async def _write(self, body: dict[str, Any]) -> None:
+        async with self._lock:
+            with contextlib.suppress(ConnectionResetError):
+                await write_event(self._response, body)
+
+    async def sent(self) -> None:
+        """Every progress chunk written."""
+        await asyncio.gather(*self._writes)

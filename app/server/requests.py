@@ -21,7 +21,7 @@ from aiohttp import web
 from app.engine.chat_template import ChatTemplate, TemplateError
 from app.engine.host import EngineClient, Generation
 from app.engine.prewarm import Prewarmer
-from app.engine.protocol import GenerationStats, ModelInfo
+from app.engine.protocol import GenerationStats, ModelInfo, ProgressCallback
 from app.engine.remote_wire import WIRE_TEMPLATE
 from app.engine.transcript import Tokenizer
 from app.engine.worker import Priority
@@ -246,11 +246,17 @@ class RequestCore:
             self.prewarm.after_reply(slot)  # on disk soon: a crash keeps this KV
 
     async def run(
-        self, job: Job, slot: str, held: list[int], reply: Reply
+        self,
+        job: Job,
+        slot: str,
+        held: list[int],
+        reply: Reply,
+        on_progress: ProgressCallback | None = None,
     ) -> AsyncIterator[tuple[str, list[int]]]:
         """Drive the engine: yields (text now safe to send, ids sampled since the last
-        yield); afterwards `reply` holds the whole reply and its stats. Closing it early (a
-        disconnect) cancels the generation, so the engine is free at once."""
+        yield); afterwards `reply` holds the whole reply and its stats. `on_progress` hears
+        the prompt's prefill chunk by chunk. Closing it early (a disconnect) cancels the
+        generation, so the engine is free at once."""
         if job.params.max_tokens == 0:
             reply.stats = await self.engine.prefill(job.prompt, slot=slot, priority=Priority.USER)
             return
@@ -262,6 +268,7 @@ class RequestCore:
             room if limit is None else min(limit, room),
             slot=slot,
             priority=Priority.USER,
+            on_progress=on_progress,
         )
         try:
             async for event in generation:

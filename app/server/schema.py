@@ -84,6 +84,7 @@ class GenerationParams:
     # server tokenizes it once the model is known, requests.py)
     text_bias: tuple[tuple[str, float], ...] = ()
     n: int = 1  # choices, made one after another from the same prompt (its KV reused)
+    return_progress: bool = False  # llama-server's: the prompt's prefill progress streamed
 
 
 @dataclass(frozen=True)
@@ -302,6 +303,7 @@ def _params(body: Mapping[str, Any], max_tokens: Any, *, chat: bool) -> Generati
         return_token_ids=bool(body.get("return_token_ids")),
         text_bias=by_text,
         n=n,
+        return_progress=bool(body.get("return_progress")),
     )
 
 

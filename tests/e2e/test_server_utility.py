@@ -61,3 +61,26 @@ def test_props_slots_and_metrics_follow_the_replies(served: ServerThread) -> Non
     assert value("ttft_seconds_count") >= 2
     assert re.search(r'^stoke:model_loaded\{model=".+"\} 1$', text, re.M)
     assert requests.get(served.url.removesuffix("/v1") + "/metrics", timeout=60).status_code == 401
+
+
+def test_return_progress_streams_the_prompts_prefill(served: ServerThread) -> None:
+    """llama-server's `return_progress`: before the reply's first words, chunks with
+    `prompt_progress` (total, processed, time_ms) as each prefill step ends."""
+    long_prompt = " ".join(f"item {i}," for i in range(250))  # a few prefill chunks
+    chunks = list(
+        served.client().chat.completions.create(
+            model=served.model,
+            messages=[{"role": "user", "content": long_prompt}],
+            max_tokens=2,
+            temperature=0,
+            stream=True,
+            extra_body={"return_progress": True},
+        )
+    )
+    steps = [c.model_extra["prompt_progress"] for c in chunks if "prompt_progress" in c.model_extra]
+    assert len(steps) >= 2, steps
+    processed = [s["processed"] for s in steps]
+    assert processed == sorted(processed) and processed[-1] == steps[-1]["total"]
+    first_words = next(i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.content)
+    last_step = max(i for i, c in enumerate(chunks) if "prompt_progress" in c.model_extra)
+    assert last_step < first_words
