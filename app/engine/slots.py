@@ -223,9 +223,12 @@ class SlotEngine(Generic[S]):
         return len(slot.tokens)
 
     def snapshot(self, slot: str, *, wait: bool = False) -> int:
+        """Save the slot's KV; the tokens its snapshot now covers (0: no snapshot of it)."""
         self._require_model()
         held = self._slots.get(slot)
         saved = self._save(slot, held) if held is not None else 0
+        if not saved and held is not None and self._kv is not None and held.saved == held.tokens:
+            saved = len(held.saved)  # saved before, by a reply's background snapshot
         if wait and self._kv is not None:
             self._kv.flush()
         return saved

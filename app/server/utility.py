@@ -4,7 +4,8 @@
 - `POST /detokenize` {tokens} -> {content}
 - `POST /apply-template` {messages} -> {prompt}: the chat template's text for the messages
 - `GET /props`: the model, its context, chat template and slots
-- `GET /slots`: the conversations' slots (name, tokens held, busy)
+- `GET /slots`: the conversations' slots (name, tokens held, busy); `POST /slots/{id}`
+  with `?action=save|restore|erase` through Stoke's snapshot store
 - `GET /metrics`: Prometheus text (metrics.py)
 
 Each answers in words on bad input, like every other route; all but /health need the key.
@@ -13,12 +14,14 @@ Each answers in words on bad input, like every other route; all but /health need
 from __future__ import annotations
 
 import importlib.metadata
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
 from app.engine.chat_template import ChatTemplate, TemplateError
+from app.engine.worker import Priority
 from app.server import metrics
 from app.server.errors import ApiError, invalid
 from app.server.requests import RequestCore
@@ -35,6 +38,7 @@ class UtilityRoutes:
         app.router.add_post("/apply-template", self.apply_template)
         app.router.add_get("/props", self.props)
         app.router.add_get("/slots", self.slots)
+        app.router.add_post("/slots/{id}", self.slot_action)
         app.router.add_get("/metrics", self.metrics)
 
     async def tokenize(self, request: web.Request) -> web.Response:
@@ -109,6 +113,51 @@ class UtilityRoutes:
                 for i, name in enumerate(self.core.slots.names())
             ]
         )
+
+    async def slot_action(self, request: web.Request) -> web.Response:
+        """`?action=save` (the slot's KV into Stoke's snapshot store, on disk when answered),
+        `restore` (the slot's tokens brought back into the KV, from a snapshot where one
+        matches) or `erase` (the slot forgets its tokens, so no request continues them)."""
+        names = self.core.slots.names()
+        raw = request.match_info["id"]
+        if not (raw.isdigit() and int(raw) < len(names)):
+            raise invalid("id_slot", f"There is no slot {raw[:20]!r}; GET /slots lists them.")
+        index, name = int(raw), names[int(raw)]
+        action = request.query.get("action")
+        body = await self.core.body(request) if request.can_read_body else {}
+        filename = str(body.get("filename") or name)
+        tokens = self.core.slots.tokens(name)
+        start = time.monotonic()
+        if action == "save":
+            saved = await self.core.engine.snapshot(name, priority=Priority.USER, wait=True)
+            ms = round(1000 * (time.monotonic() - start), 3)
+            return web.json_response(
+                {
+                    "id_slot": index,
+                    "filename": filename,
+                    "n_saved": saved,
+                    "n_written": saved,
+                    "timings": {"save_ms": ms},
+                }
+            )
+        if action == "restore":
+            if not tokens:
+                raise invalid("id_slot", f"Slot {index} holds no conversation to restore.")
+            stats = await self.core.engine.prefill(tokens, slot=name, priority=Priority.USER)
+            ms = round(1000 * (time.monotonic() - start), 3)
+            return web.json_response(
+                {
+                    "id_slot": index,
+                    "filename": filename,
+                    "n_restored": stats.reused_tokens,
+                    "n_read": stats.restored_tokens,
+                    "timings": {"restore_ms": ms},
+                }
+            )
+        if action == "erase":
+            self.core.slots.release(name, ())
+            return web.json_response({"id_slot": index, "n_erased": len(tokens)})
+        raise invalid("action", "`action` must be save, restore or erase.")
 
     async def metrics(self, request: web.Request) -> web.Response:
         stats = self.core.stats

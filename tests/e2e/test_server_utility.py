@@ -84,3 +84,29 @@ def test_return_progress_streams_the_prompts_prefill(served: ServerThread) -> No
     first_words = next(i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.content)
     last_step = max(i for i, c in enumerate(chunks) if "prompt_progress" in c.model_extra)
     assert last_step < first_words
+
+
+def test_a_slot_is_saved_erased_and_restored(served: ServerThread) -> None:
+    """llama-server's slot actions over Stoke's snapshot store: save writes the slot's KV,
+    erase makes the slot forget its tokens, restore brings them back into the KV from the
+    snapshot (read, not prefilled)."""
+    client = served.client()
+    history = [{"role": "user", "content": "A slot to keep: " + "words " * 80}]
+    client.chat.completions.create(
+        model=served.model, messages=history, max_tokens=4, temperature=0
+    )
+    slots = _get(served, "/slots").json()
+    index = max(range(len(slots)), key=lambda i: slots[i]["n_tokens"])
+    held = slots[index]["n_tokens"]
+    saved = _post(served, f"/slots/{index}?action=save", {"filename": "keep.bin"}).json()
+    # the KV holds all but the reply's last token (sampled, not yet read back)
+    assert held - 1 <= saved["n_saved"] <= held and saved["filename"] == "keep.bin"
+    restored = _post(served, f"/slots/{index}?action=restore", {}).json()
+    assert restored["n_restored"] >= held - 1
+    erased = _post(served, f"/slots/{index}?action=erase", {}).json()
+    assert erased["n_erased"] == held
+    assert _get(served, "/slots").json()[index]["n_tokens"] == 0
+    nothing = _post(served, f"/slots/{index}?action=restore", {})
+    assert nothing.status_code == 400 and "no conversation" in nothing.json()["error"]["message"]
+    assert _post(served, "/slots/999?action=save", {}).status_code == 400
+    assert _post(served, f"/slots/{index}?action=fly", {}).json()["error"]["param"] == "action"
