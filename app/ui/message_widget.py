@@ -257,6 +257,14 @@ class MessageWidget(QWidget):
             row.copy_requested.connect(self.copy_requested)
             self._bubble_layout.addWidget(row)
 
+    def set_call_state(self, call_id: str, state: str) -> bool:
+        """Show what call `call_id` of this reply is doing; False when it is not this reply's."""
+        for call, row in zip(self.message.tool_calls, self.call_rows, strict=True):
+            if call.id == call_id:
+                row.set_state(state)
+                return True
+        return False
+
     def append(self, piece: str) -> None:
         """Queue streamed text; the view flushes it on its render tick."""
         self._pending.append(piece)

@@ -1,12 +1,15 @@
 """Tool calls and tool results in the chat: one collapsed row each, opened on demand.
 
 An assistant message's calls are rows inside its bubble ("Called get_weather"); opened, a
-row shows the arguments as indented JSON. A tool message is a row of its own under the
-call ("Result of get_weather"); opened, it shows the result's text, a long one cut to its
-first lines with a button to show all of it. Rows start closed (tools are an advanced
-feature: the conversation reads as a conversation), are reached and opened with the
-keyboard (Tab, Space), and say what they hold to screen readers. Colours come from
-chat.qss, like the rest of the chat.
+row shows the arguments as indented JSON. While the window's tool loop runs a call, its row
+says the call's state after its name ("Called get_weather · running 1.5 s": waiting for
+approval, running, done, failed, denied, cancelled). A tool message is a row of its own under
+the call ("Result of get_weather", with how the call ended when it was not plainly done, and
+its seconds); opened, it shows the result's text (the whole of it where the model read it
+cut), a long one cut to its first lines with a button to show all of it. Rows start closed
+(tools are an advanced feature: the conversation reads as a conversation), are reached and
+opened with the keyboard (Tab, Space), and say what they hold to screen readers. Colours
+come from chat.qss, like the rest of the chat.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from app.ui.a11y import described
 from app.ui.message_text import MessageText
 from app.ui.message_view import MessageView
 
+ENDED = ("done", "failed", "denied", "cancelled")  # a loop's call as stored (app/tool_loop)
 SHOWN_LINES = 24  # a result longer than this opens cut to its first lines
 SHOWN_CHARS = 2_000  # or to this many characters, whichever comes first
 
@@ -44,6 +48,7 @@ class ToolRow(QWidget):
         super().__init__(parent)
         self.setObjectName("toolRow")
         self._title, self._what = title, what
+        self._state = ""
         self._text, self._language = text, language
         self._dark = dark
         self._whole = False  # the long text shown in full
@@ -66,17 +71,28 @@ class ToolRow(QWidget):
     def is_open(self) -> bool:
         return self.toggle.isChecked()
 
+    @property
+    def state(self) -> str:
+        return self._state
+
     def set_dark(self, dark: bool) -> None:
         if dark != self._dark:
             self._dark = dark
             if self.body_text is not None:
                 self._render()
 
+    def set_state(self, state: str) -> None:
+        """What the call is doing now, in words after the title ("" for nothing)."""
+        self._state = state
+        self._label()
+
     def _label(self) -> None:
         shown = self.is_open
-        self.toggle.setText(f"{'▾' if shown else '▸'}  {self._title}")
+        title = f"{self._title} · {self._state}" if self._state else self._title
+        self.toggle.setText(f"{'▾' if shown else '▸'}  {title}")
         verb = "Hide" if shown else "Show"
-        described(self.toggle, f"{verb} {self._what}", f"{verb} {self._what}")
+        what = f"{self._what} ({self._state})" if self._state else self._what
+        described(self.toggle, f"{verb} {what}", f"{verb} {what}")
 
     def _opened(self, shown: bool) -> None:
         if shown and self.body is None:
@@ -139,6 +155,17 @@ def call_row(call: ToolCall, *, dark: bool, parent: QWidget) -> ToolRow:
     )
 
 
+def result_state(message: MessageView) -> str:
+    """How a stored call ended, for its result's row: "" when plainly done (or not a call of
+    the window's loop), else its state; with its seconds when the loop kept them."""
+    state = message.finish_reason if message.finish_reason in ENDED else None
+    seconds = (message.stats or {}).get("elapsed_s")
+    if state is None:
+        return ""
+    timed = f"{state}, {seconds:.1f} s" if isinstance(seconds, int | float) else state
+    return "" if timed == "done" else timed
+
+
 class ToolResultWidget(QWidget):
     """A tool message in the conversation: one result row, under the call it answers.
 
@@ -180,13 +207,15 @@ class ToolResultWidget(QWidget):
             self.row.hide()
             self.row.deleteLater()
         name = self.message.tool_name
+        stats = self.message.stats or {}
         self.row = ToolRow(
             f"Result of {name}" if name else "Tool result",
             f"the result of {name}" if name else "the tool result",
-            self.message.content,
+            str(stats.get("shown") or self.message.content),
             "text",
             dark=self._dark,
             parent=self.frame,
         )
+        self.row.set_state(result_state(self.message))
         self.row.copy_requested.connect(self.copy_requested)
         self.frame.layout().addWidget(self.row)
