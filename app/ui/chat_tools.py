@@ -26,7 +26,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
 from app.conversations import Conversation, Message
-from app.mcp import config
+from app.mcp import config, trust
 from app.mcp.client import ServerState
 from app.mcp.pool import Pool
 from app.session import ChatSession, OnStart, OnToken
@@ -41,6 +41,7 @@ from app.tool_loop import (
     ToolLoop,
     ToolTurn,
 )
+from app.toolcalls.tools import ToolCall
 from app.ui import approval
 
 SERVERS_KEY = "mcp_servers"  # in a conversation's settings (its sampling dict)
@@ -104,7 +105,8 @@ class ChatTools(QObject):
         self.rounds: list[RoundDone] = []  # the last turn's rounds
         self._window = parent
         self._pool: Pool | None = None
-        self._waiting: set[str] = set()  # calls whose approval prompt is open
+        self._runner: McpRunner | None = None  # the running turn's
+        self._waiting: dict[str, bool] = {}  # call id -> whether it waits for approval now
 
     # -- servers --
 
@@ -171,30 +173,37 @@ class ChatTools(QObject):
         return await loop.resume(conversation_id, on_token=on_token, on_start=on_start)
 
     def _loop(self, conversation_id: str) -> ToolLoop:
-        self.rounds = []
-        runner = McpRunner(self.pool, self._ask, servers=self.servers_for(conversation_id))
+        self.rounds, self._waiting = [], {}
+        self._runner = McpRunner(self.pool, self._ask, servers=self.servers_for(conversation_id))
         return ToolLoop(
             self.session,
-            runner,
+            self._runner,
             max_rounds=Settings.load().tool_rounds,
             choice=self.choice,
             on_event=self._heard,
         )
 
     async def _ask(self, request: CallRequest) -> Decision:
-        self._waiting.add(request.call.id)
-        self.call_changed.emit(request.call.id, WAITING)
-        try:
-            return await approval.ask(request, self._window)
-        finally:
-            self._waiting.discard(request.call.id)
+        decision = await approval.ask(request, self._window)
+        self._waiting[request.call.id] = False
+        if decision.allow:
+            self.call_changed.emit(request.call.id, "running")
+        return decision
+
+    def _asks(self, call: ToolCall) -> bool:
+        """Whether `call` waits for the person's approval before it runs (trust.py)."""
+        route = self._runner.route(call.name) if self._runner is not None else None
+        if route is None:
+            return False
+        server = config.load().server(route[0])
+        return server is not None and trust.needs_approval(server, route[1])
 
     def _heard(self, event: ToolEvent) -> None:
         if isinstance(event, RoundDone):
             self.rounds.append(event)
             self.round_done.emit(event)
             return
-        waiting = event.call.id in self._waiting
-        if event.phase == "started" and waiting:
-            return
+        if event.phase == "started":
+            self._waiting[event.call.id] = self._asks(event.call)
+        waiting = self._waiting.get(event.call.id, False) and event.phase in ("started", "running")
         self.call_changed.emit(event.call.id, call_words(event, waiting))

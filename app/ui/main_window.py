@@ -215,7 +215,7 @@ class MainWindow(QMainWindow):
         )
         self.chat.continue_requested.connect(self.continue_reply)
         self.tools.call_changed.connect(self._call_changed)
-        self.tools.round_done.connect(lambda _round: self._show_rounds())
+        self.tools.round_done.connect(lambda _round: self._round_done())
         self.chat.branch_requested.connect(self.switch_branch)
         self.chat.copied.connect(lambda _text: self.statusBar().showMessage("Copied", 1500))
         self.conversation_settings.changed.connect(lambda _cid: self._refresh_title())
@@ -267,7 +267,11 @@ class MainWindow(QMainWindow):
         path = self.store.current_path(self.conversation_id)
         self.chat.set_messages([self._view(m) for m in path])
         replies = [m for m in path if m.role == "assistant" and m.stats]
-        self.status.setText(stats_line(replies[-1].stats) if replies else "")
+        rounds = self.tools.rounds
+        if replies and rounds and rounds[-1].reply_id == replies[-1].id:
+            self._show_rounds()  # the tool turn just run: each of its rounds
+        else:
+            self.status.setText(stats_line(replies[-1].stats) if replies else "")
         self._refresh_title()
 
     def _view(self, message: Message) -> MessageView:
@@ -404,8 +408,6 @@ class MainWindow(QMainWindow):
             if result is None:  # a tool turn stopped before the model was asked
                 return None
             self.status.setText(stats_line(result.stats.as_dict() if result.stats else None))
-            if self.tools.rounds and self.tools.rounds[-1].reply_id == result.reply_message_id:
-                self._show_rounds()
             title = self.store.get_conversation(conversation_id).title or "Stoke"
             self.notifier.reply_finished(title, result.text)
             if result.dropped_turns:
@@ -471,11 +473,20 @@ class MainWindow(QMainWindow):
 
     def _call_changed(self, call_id: str, words: str) -> None:
         """A tool call's row says its state; once it ended, its result is shown under it."""
+        if words in ENDED_WORDS:
+            self._show_stored()
         self.chat.set_call_state(call_id, words)
-        if words in ENDED_WORDS and self.conversation_id is not None:
+
+    def _round_done(self) -> None:
+        """A round's reply is stored with its calls: their rows are shown, and its stats."""
+        self._show_stored()
+        self._show_rounds()
+
+    def _show_stored(self) -> None:
+        """The open conversation's branch as stored (a tool turn's calls and results)."""
+        if self.conversation_id is not None:
             path = self.store.current_path(self.conversation_id)
             self.chat.set_messages([self._view(m) for m in path])
-            self.chat.set_call_state(call_id, words)
 
     def _show_rounds(self) -> None:
         """The status line during and after a tool turn: each round's prefilled and reused
