@@ -80,7 +80,7 @@ def test_a_call_waits_for_approval_and_runs_once_allowed_or_is_denied(harness: H
     assert states[0] == WAITING and states[-1] == "done"
     assert "running" in states[1:-1]
     assert _row_state(window, call_id) == "done"
-    user, call, result, answer = _path(window)
+    *_, result, answer = _path(window)
     assert result.role == "tool" and result.finish_reason == "done"
     assert result.content == str(int(result.content))  # the server's pid
     assert answer.status == "complete" and not answer.tool_calls
@@ -101,6 +101,16 @@ def test_a_call_waits_for_approval_and_runs_once_allowed_or_is_denied(harness: H
     assert denied.finish_reason == "denied" and "not today" in denied.content
     assert answer.status == "complete"
 
+    heard.clear()
+    harness.type_and_send("Once more?")
+    harness.wait_until(lambda: _prompt() is not None)
+    harness.act(window.stop)  # Esc: the call waiting for approval, and the turn, end
+    harness.turn()
+    (call_id, _), *_ = heard
+    assert _prompt() is None and _row_state(window, call_id) == "cancelled"
+    assert _path(window)[-1].finish_reason == "cancelled"
+    assert "a call was cancelled" in window.banner.text.text()
+
 
 def test_every_round_after_the_first_prefills_only_the_result_and_the_glue(harness: Harness):
     window = _window(harness, trusted=True, rounds=ROUNDS)
@@ -108,7 +118,7 @@ def test_every_round_after_the_first_prefills_only_the_result_and_the_glue(harne
     harness.turn()
 
     assert _prompt() is None  # a trusted server's calls run without asking
-    user, *rest = _path(window)
+    _user, *rest = _path(window)
     replies, results = rest[0::2], rest[1::2]
     assert len(replies) == ROUNDS and len(results) == ROUNDS - 1
     assert all(r.finish_reason == "done" for r in results)
