@@ -61,7 +61,8 @@ class Settings:
     serve_port: int = 8484
     # Keep the conversations that server serves in the window's store (conversations/served.py)
     keep_api_conversations: bool = True
-    # Settings > Tools: the most rounds of tool calls one chat turn may take (app/tool_loop).
+    # Settings > Tools: the most rounds of tool calls one chat turn may take (the default is
+    # app/tool_loop's DEFAULT_MAX_ROUNDS, which this layer may not import).
     tool_rounds: int = 10
 
     @classmethod

@@ -134,7 +134,7 @@ class ToolsDialog(QDialog):
         self.trusted.toggled.connect(self._trusted)
         self.rounds.valueChanged.connect(self._rounds)
         self.list.currentItemChanged.connect(lambda *_: self._show_selected())
-        tools.state_changed.connect(lambda _name, _state: self.refresh())
+        tools.state_changed.connect(self._state_changed)  # a bound slot: gone with the dialog
         self.refresh()
         fit_to_screen(self)
 
@@ -181,6 +181,9 @@ class ToolsDialog(QDialog):
                 box.setChecked(on)
             box.setEnabled(server is not None)
 
+    def _state_changed(self, _name: str, _state: ServerState) -> None:
+        self.refresh()
+
     def say(self, text: str) -> None:
         self.said.setText(text)
 
@@ -219,8 +222,7 @@ class ToolsDialog(QDialog):
 
     def connect_all(self) -> asyncio.Task:
         """Start every server that is turned on, to show its tools or why it failed."""
-        self.task = asyncio.ensure_future(self.tools.pool.tools())
-        self.task.add_done_callback(lambda _task: self.refresh())
+        self.task = asyncio.ensure_future(self.tools.pool.tools())  # states say how it went
         return self.task
 
     def _fill_import_menu(self) -> None:
