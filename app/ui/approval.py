@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from app.conversations.tool_records import pretty_arguments
 from app.tool_loop import CallRequest, Decision
+from app.ui.fit import fit_to_screen
 
 
 class ApprovalDialog(QDialog):
@@ -62,6 +63,7 @@ class ApprovalDialog(QDialog):
         layout.addWidget(self.reason)
         layout.addWidget(buttons)
         self.resize(480, 300)
+        fit_to_screen(self)
 
     def _button(
         self, buttons: QDialogButtonBox, text: str, decision: Decision | None
