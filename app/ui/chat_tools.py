@@ -82,6 +82,15 @@ def call_words(event: CallProgress, waiting: bool) -> str:
     return CALL_WORDS[event.phase]
 
 
+def unfinished(path: Sequence[Message]) -> bool:
+    """Whether `path` ends a tool turn left unfinished (a kill, a cancel, the rounds limit):
+    at a result, or at a reply whose calls were made. A reply cut short says so itself."""
+    if not path or not in_tool_turn(path):
+        return False
+    leaf = path[-1]
+    return leaf.role == "tool" or (leaf.status == "complete" and bool(leaf.tool_calls))
+
+
 def rounds_line(rounds: Sequence[RoundDone]) -> str:
     """Each round's prefilled and reused tokens, for the status line."""
     return " · ".join(

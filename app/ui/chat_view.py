@@ -280,6 +280,7 @@ class ChatView(QWidget):
         if message.role == "tool":
             result = ToolResultWidget(message, dark=self._dark, parent=self._canvas_column)
             result.copy_requested.connect(self._copy)
+            result.continue_requested.connect(self.continue_requested)
             return result
         widget = MessageWidget(message, dark=self._dark, parent=self._canvas_column)
         widget.copy_requested.connect(self._copy)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -52,7 +53,7 @@ from app.ui.about import AboutDialog
 from app.ui.api_conversations import ApiConversations
 from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
-from app.ui.chat_tools import ENDED_WORDS, ChatTools, in_tool_turn, rounds_line
+from app.ui.chat_tools import ENDED_WORDS, ChatTools, in_tool_turn, rounds_line, unfinished
 from app.ui.chat_view import ChatView
 from app.ui.collector import MainThreadCollector
 from app.ui.composer import Composer
@@ -116,6 +117,7 @@ class MainWindow(QMainWindow):
         self.api_server = LocalServer(session.engine, self.api_conversations)  # Settings > API
         self.prewarm = Prewarmer(session)
         self.tools = ChatTools(session, self)  # MCP servers' tools in the chat (Settings > Tools)
+        self._tool_turn_running = False
         session.on_progress = lambda reply_id, p: self.chat.show_progress(reply_id, p.done, p.total)
         self.settings = settings
         self.conversation_id: str | None = None
@@ -265,7 +267,7 @@ class MainWindow(QMainWindow):
             self.chat.set_messages([])
             return
         path = self.store.current_path(self.conversation_id)
-        self.chat.set_messages([self._view(m) for m in path])
+        self.chat.set_messages(self._views(path))
         replies = [m for m in path if m.role == "assistant" and m.stats]
         rounds = self.tools.rounds
         if replies and rounds and rounds[-1].reply_id == replies[-1].id:
@@ -273,6 +275,18 @@ class MainWindow(QMainWindow):
         else:
             self.status.setText(stats_line(replies[-1].stats) if replies else "")
         self._refresh_title()
+
+    def _views(self, path: list[Message]) -> list[MessageView]:
+        """`path` as the chat shows it; a tool turn left unfinished offers Continue at its
+        end (not while the turn runs, and only while the conversation has tools on)."""
+        views = [self._view(m) for m in path]
+        if (
+            not self._tool_turn_running
+            and unfinished(path)
+            and self.tools.servers_for(path[-1].conversation_id) is not None
+        ):
+            views[-1] = dataclasses.replace(views[-1], resumable=True)
+        return views
 
     def _view(self, message: Message) -> MessageView:
         siblings, _ = self.store.siblings(message.id)
@@ -449,7 +463,11 @@ class MainWindow(QMainWindow):
         """A turn through the tool loop, as run_turn takes it: its last reply (None when it
         stopped before the model was asked), and why it stopped early in the banner."""
         conversation_id = self.conversation_id
-        turn = await work
+        self._tool_turn_running = True
+        try:
+            turn = await work
+        finally:
+            self._tool_turn_running = False
         if turn.stopped is not None:
             self.banner.show_message(turn.stopped, kind="info", conversation=conversation_id)
         return turn.replies[-1] if turn.replies else None
@@ -485,8 +503,7 @@ class MainWindow(QMainWindow):
     def _show_stored(self) -> None:
         """The open conversation's branch as stored (a tool turn's calls and results)."""
         if self.conversation_id is not None:
-            path = self.store.current_path(self.conversation_id)
-            self.chat.set_messages([self._view(m) for m in path])
+            self.chat.set_messages(self._views(self.store.current_path(self.conversation_id)))
 
     def _show_rounds(self) -> None:
         """The status line during and after a tool turn: each round's prefilled and reused
@@ -507,7 +524,7 @@ class MainWindow(QMainWindow):
         if user.conversation_id != self.conversation_id:
             return
         path = self.store.path_to(user.id)
-        self.chat.set_messages([self._view(m) for m in path])
+        self.chat.set_messages(self._views(path))
         self._streaming_id = reply.id
         self.chat.begin_reply(self._view(reply))
         self.chat.scroll_to_end()  # the new message in view, also when scrolled up

@@ -309,7 +309,9 @@ class MessageWidget(QWidget):
         self.status_mark.setText(mark)
         self.status_mark.setAccessibleName(f"Reply {mark.lower()}" if mark else "Reply status")
         self.status_mark.setVisible(bool(mark) and not self.is_user)
-        continuable = (mark in ("Interrupted", LENGTH_MARK, EMPTY_STOP_MARK)) and not self.is_user
+        continuable = (
+            mark in ("Interrupted", LENGTH_MARK, EMPTY_STOP_MARK) or message.resumable
+        ) and not self.is_user
         self.continue_button.setVisible(continuable)
         summary = "" if self.is_user else stats_summary(message.stats)
         self.bubble.setToolTip(summary)

@@ -173,6 +173,7 @@ class ToolResultWidget(QWidget):
     messageId property), and has the little of a message widget the view calls on it."""
 
     copy_requested = Signal(str)
+    continue_requested = Signal(str)  # a tool turn left unfinished here goes on
 
     def __init__(self, message: MessageView, *, dark: bool, parent: QWidget) -> None:
         super().__init__(parent)
@@ -189,6 +190,14 @@ class ToolResultWidget(QWidget):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(self.frame)
+        self.continue_button = described(
+            QToolButton(self), "Continue the turn", "Let the model go on from this result"
+        )
+        self.continue_button.setObjectName("continueButton")
+        self.continue_button.setText("Continue")
+        self.continue_button.setAutoRaise(True)
+        self.continue_button.clicked.connect(lambda: self.continue_requested.emit(self.message.id))
+        outer.addWidget(self.continue_button, 0, Qt.AlignmentFlag.AlignLeft)
         self.row: ToolRow | None = None
         self._build_row()
 
@@ -217,5 +226,6 @@ class ToolResultWidget(QWidget):
             parent=self.frame,
         )
         self.row.set_state(result_state(self.message))
+        self.continue_button.setVisible(self.message.resumable)
         self.row.copy_requested.connect(self.copy_requested)
         self.frame.layout().addWidget(self.row)

@@ -22,6 +22,7 @@ from app.ui.approval import ApprovalDialog
 from app.ui.chat_tools import WAITING
 from app.ui.main_window import MainWindow
 from app.ui.message_widget import MessageWidget
+from app.ui.tool_rows import ToolResultWidget
 from tests.gui.harness import Harness
 from tests.unit.test_mcp_pool import tiny
 
@@ -108,8 +109,13 @@ def test_a_call_waits_for_approval_and_runs_once_allowed_or_is_denied(harness: H
     harness.turn()
     (call_id, _), *_ = heard
     assert _prompt() is None and _row_state(window, call_id) == "cancelled"
-    assert _path(window)[-1].finish_reason == "cancelled"
+    cancelled = _path(window)[-1]
+    assert cancelled.finish_reason == "cancelled"
     assert "a call was cancelled" in window.banner.text.text()
+    (result,) = [
+        w for w in window.chat.findChildren(ToolResultWidget) if w.message.id == cancelled.id
+    ]
+    assert result.continue_button.isVisible()  # the turn can go on from here
 
 
 def test_every_round_after_the_first_prefills_only_the_result_and_the_glue(harness: Harness):
