@@ -1,7 +1,9 @@
 """The window's tools on the real engine and default model, with the tests' own MCP server
 (tests/mcp_server.py, over stdio) in the test's mcp.json: the approval prompt and the calls'
 rows, a five-round loop that prefills only each result and the template's glue, and a loop
-whose engine is killed mid-way, then continued.
+whose engine is killed mid-way, then continued; and a turn whose whole process was killed
+mid-way (tests/gui/killed_tools_turn.py runs the window's turn without Qt), continued in the
+window.
 
 The small model would not call a tool by itself, so the window's `tools.choice` forces the
 rounds before the last to call `pid` (a tool without arguments) with the grammar the API
@@ -12,10 +14,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
 
-from app.conversations import Message
+from app.conversations import ConversationStore, Message
 from app.engine.host import EngineState
 from app.mcp import config, trust
 from app.ui.approval import ApprovalDialog
@@ -26,6 +32,7 @@ from app.ui.tool_rows import ToolResultWidget
 from tests.gui.harness import Harness
 from tests.unit.test_mcp_pool import tiny
 
+REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 5
 SAMPLING = {"temperature": 0.0, "max_tokens": 48}
 
@@ -35,7 +42,8 @@ def _forced(rounds: int):
 
 
 def _window(harness: Harness, *, trusted: bool, rounds: int) -> MainWindow:
-    config.add_server(tiny())
+    if config.load().server("tiny") is None:
+        config.add_server(tiny())
     if trusted:
         trust.set_trusted("tiny", True)
     window = harness.start()
@@ -171,5 +179,48 @@ def test_a_loop_whose_engine_is_killed_mid_way_continues_with_its_calls_kept(har
     assert path[:5] == [user, first, first_result, second, second_result]  # kept as they were
     replies = [m for m in path if m.role == "assistant"]
     assert len(replies) == ROUNDS and cut.id not in [m.id for m in path]
+    assert [m.finish_reason for m in path if m.role == "tool"] == ["done"] * (ROUNDS - 1)
+    assert path[-1].status == "complete" and not path[-1].tool_calls
+
+
+def test_a_turn_whose_app_was_killed_mid_way_continues_in_the_window(
+    harness: Harness, stoke_home: Path, tmp_path: Path
+):
+    config.add_server(tiny())
+    with ConversationStore.open() as store:
+        conversation = store.create_conversation(sampling=SAMPLING).id
+    marker, log = tmp_path / "second-call", tmp_path / "child.log"
+    turn = ["tests.gui.killed_tools_turn", conversation, str(marker), str(ROUNDS)]
+    with log.open("w") as errors:
+        child = subprocess.Popen(
+            [sys.executable, "-m", *turn],
+            cwd=REPO,
+            env={**os.environ, "STOKE_HOME": str(stoke_home)},
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 240  # generous: a loaded machine starts an engine slowly
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the turn never reached its second call"
+        assert child.poll() is None, f"the turn ended before it was killed: {log.read_text()}"
+        time.sleep(0.05)
+    os.killpg(child.pid, signal.SIGKILL)  # the turn, its engine and its MCP server
+    child.wait()
+
+    window = _window(harness, trusted=True, rounds=ROUNDS)
+    harness.act(lambda: window.open_conversation(conversation))
+    kept = _path(window)
+    assert [m.role for m in kept] == ["user", "assistant", "tool", "assistant"]
+    assert kept[2].finish_reason == "done" and kept[3].tool_calls  # the call it was asking about
+    assert kept[3].tool_calls[0].id == marker.read_text()
+    (widget,) = [w for w in window.chat.findChildren(MessageWidget) if w.message.id == kept[3].id]
+    assert widget.continue_button.isVisible()
+    harness.act(widget.continue_button.click)
+    harness.turn()
+
+    path = _path(window)
+    assert path[:4] == kept  # kept as they were
+    assert len([m for m in path if m.role == "assistant"]) == ROUNDS
     assert [m.finish_reason for m in path if m.role == "tool"] == ["done"] * (ROUNDS - 1)
     assert path[-1].status == "complete" and not path[-1].tool_calls
