@@ -55,7 +55,7 @@ class ApprovalDialog(QDialog):
         self.allow_once.setDefault(True)
         self.always.setToolTip(
             f"Run {request.tool} of {request.server} from now on without asking "
-            "(undo it in Settings > Tools)"
+            "(Settings > Tools asks again)"
         )
         layout = QVBoxLayout(self)
         layout.addWidget(what)

@@ -1,6 +1,6 @@
 """Settings > Tools: the MCP servers of mcp.json, each with its state, and what a person does
-with them: add, edit, remove, turn on or off, trust, import another app's, connect now; and
-the rounds of tool calls one chat turn may take.
+with them: add, edit, remove, turn on or off, trust, forget the tools always allowed, import
+another app's, connect now; and the rounds of tool calls one chat turn may take.
 
 A server's state is the app-wide pool's (chat_tools.py), heard as it changes: stopped until
 first needed (or Connect), starting, ready with its number of tools, failed with why in words.
@@ -85,6 +85,11 @@ class ToolsDialog(QDialog):
         )
         self.enabled = QCheckBox("Turned on (its tools are offered in chats)", self)
         self.trusted = QCheckBox("Trusted: run its tools without asking", self)
+        self.always = QLabel(self)
+        self.always.setObjectName("always-allowed")
+        self.always.setWordWrap(True)
+        self.forget_button = QPushButton("Ask again", self)
+        self.forget_button.setToolTip("Ask before each call of these tools again")
         self.rounds = QSpinBox(self)
         self.rounds.setRange(1, 1000)
         self.rounds.setAccessibleName("Rounds of tool calls per turn")
@@ -121,6 +126,10 @@ class ToolsDialog(QDialog):
         layout.addLayout(buttons_row)
         layout.addWidget(self.enabled)
         layout.addWidget(self.trusted)
+        always_row = QHBoxLayout()
+        always_row.addWidget(self.always, 1)
+        always_row.addWidget(self.forget_button)
+        layout.addLayout(always_row)
         layout.addLayout(form)
         layout.addWidget(self.said)
         layout.addWidget(close)
@@ -132,6 +141,7 @@ class ToolsDialog(QDialog):
         self.connect_button.clicked.connect(self.connect_all)
         self.enabled.toggled.connect(self._enabled)
         self.trusted.toggled.connect(self._trusted)
+        self.forget_button.clicked.connect(self.forget_always)
         self.rounds.valueChanged.connect(self._rounds)
         self.list.currentItemChanged.connect(lambda *_: self._show_selected())
         tools.state_changed.connect(self._state_changed)  # a bound slot: gone with the dialog
@@ -180,6 +190,10 @@ class ToolsDialog(QDialog):
             with QSignalBlocker(box):
                 box.setChecked(on)
             box.setEnabled(server is not None)
+        allowed = server.always_allow if server is not None else ()
+        self.always.setText("Always allowed: " + ", ".join(allowed) if allowed else "")
+        self.always.setVisible(bool(allowed))
+        self.forget_button.setVisible(bool(allowed))
 
     def _state_changed(self, _name: str, _state: ServerState) -> None:
         self.refresh()
@@ -208,6 +222,12 @@ class ToolsDialog(QDialog):
         name = self.selected()
         if name is not None and self._edit(lambda: config.remove_server(name)):
             self.say(f"Removed “{name}”.")
+
+    def forget_always(self) -> None:
+        """The selected server's tools ask before each call again (those always allowed)."""
+        name = self.selected()
+        if name is not None:
+            self._edit(lambda: config.update(name, always_allow=()), restart=False)
 
     def import_from(self, path: Path) -> None:
         """Another app's servers added (trust never comes along); what was left out, said."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QApplication
 
 from app.conversations import ConversationStore
-from app.mcp import config
+from app.mcp import config, trust
 from app.mcp.config import Http, Stdio
 from app.settings import Settings
 from app.ui.chat_tools import SERVERS_KEY
@@ -58,7 +58,12 @@ def test_servers_are_listed_with_their_states_and_changed_in_mcp_json(
     assert tiny_line == "tiny — ready (6 tools)"
     assert broken_line.startswith("broken — failed:") and "cannot find the database" in broken_line
 
+    trust.set_always_allowed("tiny", "pid", True)  # the approval prompt's Always allow
+    harness.act(dialog.refresh)
     _select(dialog, "tiny")
+    assert dialog.always.text() == "Always allowed: pid" and dialog.forget_button.isVisible()
+    harness.act(dialog.forget_button.click)
+    assert config.load().server("tiny").always_allow == () and not dialog.always.isVisible()
     harness.act(lambda: dialog.trusted.setChecked(True))
     assert config.load().server("tiny").trusted and _lines(dialog)[0].endswith("· trusted")
     _select(dialog, "broken")
