@@ -11,8 +11,9 @@ Promises:
   (app/mcp/pool.py); `reconfigured` (after Settings > Tools changed mcp.json) closes it so the
   next use reads the file again; `close` stops every server (the app's shutdown).
 - Every call is approved by the person (approval.py) unless mcp.json trusts it; what each
-  call is doing is told to `on_call` in words (waiting for approval, running with its seconds,
-  done, failed, denied, cancelled), each round's stats to `on_round`.
+  call is doing is told by `call_changed` in words (waiting for approval, running with its
+  seconds, done, failed, denied, cancelled), each round by `round_done` (kept in `rounds`,
+  of the turn in `conversation_id`).
 - The rounds a turn may take are Settings' `tool_rounds`; `choice` says per round whether the
   model must call (auto unless set: the GUI tests force calls the small model would not make).
 """
@@ -46,15 +47,8 @@ from app.ui import approval
 
 SERVERS_KEY = "mcp_servers"  # in a conversation's settings (its sampling dict)
 
-CALL_WORDS = {
-    "started": "running",
-    "done": "done",
-    "failed": "failed",
-    "denied": "denied",
-    "cancelled": "cancelled",
-}
 WAITING = "waiting for approval"
-ENDED_WORDS = ("done", "failed", "denied", "cancelled")
+ENDED_WORDS = ("done", "failed", "denied", "cancelled")  # as the loop stores a call's end
 
 
 def in_tool_turn(path: Sequence[Message]) -> bool:
@@ -79,7 +73,7 @@ def call_words(event: CallProgress, waiting: bool) -> str:
         return WAITING
     if event.phase == "running":
         return f"running {event.elapsed_s:.1f} s"
-    return CALL_WORDS[event.phase]
+    return "running" if event.phase == "started" else event.phase
 
 
 def unfinished(path: Sequence[Message]) -> bool:
@@ -112,6 +106,7 @@ class ChatTools(QObject):
         self.session = session
         self.choice: Callable[[int], str] = lambda _round: "auto"
         self.rounds: list[RoundDone] = []  # the last turn's rounds
+        self.conversation_id: str | None = None  # the last turn's conversation
         self._window = parent
         self._pool: Pool | None = None
         self._runner: McpRunner | None = None  # the running turn's
@@ -182,7 +177,7 @@ class ChatTools(QObject):
         return await loop.resume(conversation_id, on_token=on_token, on_start=on_start)
 
     def _loop(self, conversation_id: str) -> ToolLoop:
-        self.rounds, self._waiting = [], {}
+        self.rounds, self._waiting, self.conversation_id = [], {}, conversation_id
         self._runner = McpRunner(self.pool, self._ask, servers=self.servers_for(conversation_id))
         return ToolLoop(
             self.session,

@@ -491,14 +491,16 @@ class MainWindow(QMainWindow):
 
     def _call_changed(self, call_id: str, words: str) -> None:
         """A tool call's row says its state; once it ended, its result is shown under it."""
-        if words in ENDED_WORDS:
+        if words in ENDED_WORDS and self.tools.conversation_id == self.conversation_id:
             self._show_stored()
         self.chat.set_call_state(call_id, words)
 
     def _round_done(self) -> None:
-        """A round's reply is stored with its calls: their rows are shown, and its stats."""
-        self._show_stored()
-        self._show_rounds()
+        """A round's reply is stored with its calls: their rows are shown, and its stats
+        (while its conversation is the one open)."""
+        if self.tools.conversation_id == self.conversation_id:
+            self._show_stored()
+            self._show_rounds()
 
     def _show_stored(self) -> None:
         """The open conversation's branch as stored (a tool turn's calls and results)."""
