@@ -25,7 +25,7 @@ from app.conversations import ConversationStore, Message
 from app.engine.host import EngineState
 from app.mcp import config, trust
 from app.ui.approval import ApprovalDialog
-from app.ui.chat_tools import WAITING
+from app.ui.chat_tools import SERVERS_KEY, WAITING
 from app.ui.main_window import MainWindow
 from app.ui.message_widget import MessageWidget
 from app.ui.tool_rows import ToolResultWidget
@@ -124,6 +124,13 @@ def test_a_call_waits_for_approval_and_runs_once_allowed_or_is_denied(harness: H
         w for w in window.chat.findChildren(ToolResultWidget) if w.message.id == cancelled.id
     ]
     assert result.continue_button.isVisible()  # the turn can go on from here
+
+    window.store.set_sampling(window.conversation_id, {**SAMPLING, SERVERS_KEY: []})
+    harness.type_and_send("Just talk.")  # tools off in this conversation: a plain turn
+    harness.turn()
+    assert _prompt() is None
+    *_, user, plain = _path(window)
+    assert user.content == "Just talk." and plain.status == "complete" and not plain.tool_calls
 
 
 def test_every_round_after_the_first_prefills_only_the_result_and_the_glue(harness: Harness):
