@@ -4,12 +4,13 @@ An assistant message's calls are rows inside its bubble ("Called get_weather"); 
 row shows the arguments as indented JSON. While the window's tool loop runs a call, its row
 says the call's state after its name ("Called get_weather · running 1.5 s": waiting for
 approval, running, done, failed, denied, cancelled). A tool message is a row of its own under
-the call ("Result of get_weather", with how the call ended when it was not plainly done, and
-its seconds); opened, it shows the result's text (the whole of it where the model read it
-cut), a long one cut to its first lines with a button to show all of it. Rows start closed
-(tools are an advanced feature: the conversation reads as a conversation), are reached and
-opened with the keyboard (Tab, Space), and say what they hold to screen readers. Colours
-come from chat.qss, like the rest of the chat.
+the call ("Result of get_weather · done, 0.4 s": how a loop's call ended, and its seconds);
+opened, it shows the result's text (the whole of it where the model read it cut), a long one
+cut to its first lines with a button to show all of it. The last result of a tool turn left
+unfinished has Continue under it. Rows start closed (tools are an advanced feature: the
+conversation reads as a conversation), are reached and opened with the keyboard (Tab, Space),
+and say what they hold to screen readers. Colours come from chat.qss, like the rest of the
+chat.
 """
 
 from __future__ import annotations
@@ -156,14 +157,13 @@ def call_row(call: ToolCall, *, dark: bool, parent: QWidget) -> ToolRow:
 
 
 def result_state(message: MessageView) -> str:
-    """How a stored call ended, for its result's row: "" when plainly done (or not a call of
-    the window's loop), else its state; with its seconds when the loop kept them."""
-    state = message.finish_reason if message.finish_reason in ENDED else None
-    seconds = (message.stats or {}).get("elapsed_s")
-    if state is None:
+    """How a call of a tool loop ended, for its result's row, with its seconds when kept
+    ("done, 0.4 s"); "" for a result from elsewhere (an import, the API server)."""
+    state = message.finish_reason
+    if state not in ENDED:
         return ""
-    timed = f"{state}, {seconds:.1f} s" if isinstance(seconds, int | float) else state
-    return "" if timed == "done" else timed
+    seconds = (message.stats or {}).get("elapsed_s")
+    return f"{state}, {seconds:.1f} s" if isinstance(seconds, int | float) else str(state)
 
 
 class ToolResultWidget(QWidget):

@@ -108,6 +108,8 @@ def test_a_call_waits_for_approval_and_runs_once_allowed_or_is_denied(harness: H
     assert _row_state(window, call_id) == "denied"
     *_, denied, answer = _path(window)
     assert denied.finish_reason == "denied" and "not today" in denied.content
+    (shown,) = [w for w in window.chat.findChildren(ToolResultWidget) if w.message.id == denied.id]
+    assert shown.row.state.startswith("denied, ") and shown.row.state.endswith(" s")
     assert answer.status == "complete"
 
     heard.clear()
