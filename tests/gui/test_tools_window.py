@@ -24,6 +24,7 @@ from PySide6.QtWidgets import QApplication
 from app.conversations import ConversationStore, Message
 from app.engine.host import EngineState
 from app.mcp import config, trust
+from app.settings import Settings
 from app.ui.approval import ApprovalDialog
 from app.ui.chat_tools import SERVERS_KEY, WAITING
 from app.ui.main_window import MainWindow
@@ -232,4 +233,28 @@ def test_a_turn_whose_app_was_killed_mid_way_continues_in_the_window(
     assert path[:4] == kept  # kept as they were
     assert len([m for m in path if m.role == "assistant"]) == ROUNDS
     assert [m.finish_reason for m in path if m.role == "tool"] == ["done"] * (ROUNDS - 1)
+    assert path[-1].status == "complete" and not path[-1].tool_calls
+
+
+def test_the_rounds_setting_stops_a_turn_that_continue_goes_on_with(harness: Harness):
+    settings = Settings.load()
+    settings.tool_rounds = 2  # Settings > Tools' rounds per turn
+    settings.save()
+    window = _window(harness, trusted=True, rounds=4)
+    harness.type_and_send("Find the server's process id, three times.")
+    harness.turn()
+
+    stopped = _path(window)
+    assert [m.role for m in stopped] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert "Stopped after 2 rounds" in window.banner.text.text()
+    (result,) = [
+        w for w in window.chat.findChildren(ToolResultWidget) if w.message.id == stopped[-1].id
+    ]
+    assert result.continue_button.isVisible()
+    harness.act(result.continue_button.click)
+    harness.turn()
+
+    path = _path(window)
+    assert path[:5] == stopped
+    assert [m.role for m in path[5:]] == ["assistant", "tool", "assistant"]
     assert path[-1].status == "complete" and not path[-1].tool_calls
