@@ -3,7 +3,7 @@
 rows, a five-round loop that prefills only each result and the template's glue, and a loop
 whose engine is killed mid-way, then continued; and a turn whose whole process was killed
 mid-way (tests/gui/killed_tools_turn.py runs the window's turn without Qt), continued in the
-window.
+window; and the rounds-per-turn setting stopping a turn that Continue goes on with.
 
 The small model would not call a tool by itself, so the window's `tools.choice` forces the
 rounds before the last to call `pid` (a tool without arguments) with the grammar the API
