@@ -61,6 +61,9 @@ class Settings:
     serve_port: int = 8484
     # Keep the conversations that server serves in the window's store (conversations/served.py)
     keep_api_conversations: bool = True
+    # Settings > Tools: the most rounds of tool calls one chat turn may take (the default is
+    # app/tool_loop's DEFAULT_MAX_ROUNDS, which this layer may not import).
+    tool_rounds: int = 10
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:
@@ -109,6 +112,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "serve_on_start": (boolean, "true or false"),
     "serve_port": (whole(1, 65535), "a port from 1 to 65535"),
     "keep_api_conversations": (boolean, "true or false"),
+    "tool_rounds": (whole(1, 1000), "a whole number of rounds from 1 to 1000"),
 }
 # A wrong field falls back to its default alone, and the sentence says which default.
 SETTINGS_FILE = Stored(

@@ -68,6 +68,7 @@ async def shutdown(window: MainWindow, session: ChatSession) -> None:
     session.cancel()
     window.prewarm.cancel()
     await window.api_server.stop()
+    await window.tools.close()  # every MCP server's process ends with the app
     await window.prewarm.idle()
     # Running downloads stay marked running: the next start resumes them.
     await asyncio.get_running_loop().run_in_executor(None, window.downloads.shutdown)

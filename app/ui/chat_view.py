@@ -228,6 +228,12 @@ class ChatView(QWidget):
         if widget is not None:
             widget.set_progress(done, total)
 
+    def set_call_state(self, call_id: str, state: str) -> None:
+        """Show what tool call `call_id` is doing on its row (tool_rows.py), if it is on screen."""
+        for widget in self._widgets.values():
+            if isinstance(widget, MessageWidget) and widget.set_call_state(call_id, state):
+                return
+
     def finish_reply(self, message: MessageView) -> None:
         """Show the final saved state of a reply: full text, status, stats."""
         self._dirty.discard(message.id)
@@ -274,6 +280,7 @@ class ChatView(QWidget):
         if message.role == "tool":
             result = ToolResultWidget(message, dark=self._dark, parent=self._canvas_column)
             result.copy_requested.connect(self._copy)
+            result.continue_requested.connect(self.continue_requested)
             return result
         widget = MessageWidget(message, dark=self._dark, parent=self._canvas_column)
         widget.copy_requested.connect(self._copy)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -46,11 +47,13 @@ from app.models.names import model_name
 from app.server.control import LocalServer
 from app.session import ChatSession, MessageTooLongError, TurnResult
 from app.settings import Settings
+from app.tool_loop import ToolTurn
 from app.ui import banner_words, conversation_files, overflow, theme
 from app.ui.about import AboutDialog
 from app.ui.api_conversations import ApiConversations
 from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
+from app.ui.chat_tools import ENDED_WORDS, ChatTools, in_tool_turn, rounds_line, unfinished
 from app.ui.chat_view import ChatView
 from app.ui.collector import MainThreadCollector
 from app.ui.composer import Composer
@@ -71,6 +74,7 @@ from app.ui.safe_mode_line import SafeModeLine
 from app.ui.settings_panel import ConversationSettings
 from app.ui.sidebar import Sidebar
 from app.ui.speculation_dialog import SpeculationDialog
+from app.ui.tools_dialog import ToolsDialog
 from app.ui.zoom import Zoom
 
 log = logging.getLogger("stoke.ui")
@@ -112,6 +116,8 @@ class MainWindow(QMainWindow):
         self.api_conversations = ApiConversations(session, self)  # what the API server serves
         self.api_server = LocalServer(session.engine, self.api_conversations)  # Settings > API
         self.prewarm = Prewarmer(session)
+        self.tools = ChatTools(session, self)  # MCP servers' tools in the chat (Settings > Tools)
+        self._tool_turn_running = False
         session.on_progress = lambda reply_id, p: self.chat.show_progress(reply_id, p.done, p.total)
         self.settings = settings
         self.conversation_id: str | None = None
@@ -209,9 +215,9 @@ class MainWindow(QMainWindow):
         self.chat.regenerate_requested.connect(
             lambda mid: self.spawn(self.run_turn(self.session.regenerate, mid))
         )
-        self.chat.continue_requested.connect(
-            lambda mid: self.spawn(self.run_turn(self.session.continue_reply, mid))
-        )
+        self.chat.continue_requested.connect(self.continue_reply)
+        self.tools.call_changed.connect(self._call_changed)
+        self.tools.round_done.connect(lambda _round: self._round_done())
         self.chat.branch_requested.connect(self.switch_branch)
         self.chat.copied.connect(lambda _text: self.statusBar().showMessage("Copied", 1500))
         self.conversation_settings.changed.connect(lambda _cid: self._refresh_title())
@@ -261,10 +267,26 @@ class MainWindow(QMainWindow):
             self.chat.set_messages([])
             return
         path = self.store.current_path(self.conversation_id)
-        self.chat.set_messages([self._view(m) for m in path])
+        self.chat.set_messages(self._views(path))
         replies = [m for m in path if m.role == "assistant" and m.stats]
-        self.status.setText(stats_line(replies[-1].stats) if replies else "")
+        rounds = self.tools.rounds
+        if replies and rounds and rounds[-1].reply_id == replies[-1].id:
+            self._show_rounds()  # the tool turn just run: each of its rounds
+        else:
+            self.status.setText(stats_line(replies[-1].stats) if replies else "")
         self._refresh_title()
+
+    def _views(self, path: list[Message]) -> list[MessageView]:
+        """`path` as the chat shows it; a tool turn left unfinished offers Continue at its
+        end (not while the turn runs, and only while the conversation has tools on)."""
+        views = [self._view(m) for m in path]
+        if (
+            not self._tool_turn_running
+            and unfinished(path)
+            and self.tools.servers_for(path[-1].conversation_id) is not None
+        ):
+            views[-1] = dataclasses.replace(views[-1], resumable=True)
+        return views
 
     def _view(self, message: Message) -> MessageView:
         siblings, _ = self.store.siblings(message.id)
@@ -369,6 +391,12 @@ class MainWindow(QMainWindow):
         self.composer.set_draft("")
         self.composer.focus()  # also after a click on Send: the next message is typed here
         self._save_draft("")
+        if self.tools.servers_for(conversation_id) is not None:
+            return await self.run_turn(
+                lambda **kw: self._tool_turn(
+                    self.tools.send(conversation_id, text, attachments=files, **kw)
+                )
+            )
         return await self.run_turn(
             lambda **kw: self.session.send(conversation_id, text, attachments=files, **kw),
             drop_oldest=drop_oldest,
@@ -391,6 +419,8 @@ class MainWindow(QMainWindow):
         say = functools.partial(self.banner.show_message, conversation=conversation_id)
         try:
             result = await start(*args, **kwargs)
+            if result is None:  # a tool turn stopped before the model was asked
+                return None
             self.status.setText(stats_line(result.stats.as_dict() if result.stats else None))
             title = self.store.get_conversation(conversation_id).title or "Stoke"
             self.notifier.reply_finished(title, result.text)
@@ -429,6 +459,59 @@ class MainWindow(QMainWindow):
             self.draft_files.refresh()
         return result
 
+    async def _tool_turn(self, work: Awaitable[ToolTurn]) -> TurnResult | None:
+        """A turn through the tool loop, as run_turn takes it: its last reply (None when it
+        stopped before the model was asked), and why it stopped early in the banner."""
+        conversation_id = self.conversation_id
+        self._tool_turn_running = True
+        try:
+            turn = await work
+        finally:
+            self._tool_turn_running = False
+        if turn.stopped is not None:
+            self.banner.show_message(turn.stopped, kind="info", conversation=conversation_id)
+        return turn.replies[-1] if turn.replies else None
+
+    def continue_reply(self, message_id: str) -> None:
+        """A reply's Continue: a turn with tool calls goes on through the tool loop (the calls
+        and results kept), any other reply is continued where it stopped."""
+        conversation_id = self.conversation_id
+        if (
+            conversation_id is not None
+            and self.tools.servers_for(conversation_id) is not None
+            and in_tool_turn(self.store.path_to(message_id))
+        ):
+            self.spawn(
+                self.run_turn(
+                    lambda **kw: self._tool_turn(self.tools.resume(conversation_id, **kw))
+                )
+            )
+        else:
+            self.spawn(self.run_turn(self.session.continue_reply, message_id))
+
+    def _call_changed(self, call_id: str, words: str) -> None:
+        """A tool call's row says its state; once it ended, its result is shown under it."""
+        if words in ENDED_WORDS and self.tools.conversation_id == self.conversation_id:
+            self._show_stored()
+        self.chat.set_call_state(call_id, words)
+
+    def _round_done(self) -> None:
+        """A round's reply is stored with its calls: their rows are shown, and its stats
+        (while its conversation is the one open)."""
+        if self.tools.conversation_id == self.conversation_id:
+            self._show_stored()
+            self._show_rounds()
+
+    def _show_stored(self) -> None:
+        """The open conversation's branch as stored (a tool turn's calls and results)."""
+        if self.conversation_id is not None:
+            self.chat.set_messages(self._views(self.store.current_path(self.conversation_id)))
+
+    def _show_rounds(self) -> None:
+        """The status line during and after a tool turn: each round's prefilled and reused
+        tokens (the label's tooltip has all of it where it is cut)."""
+        self.status.setText(rounds_line(self.tools.rounds))
+
     async def _retry_dropping(self) -> TurnResult | None:
         """Answer the message that did not fit, leaving out the oldest turns."""
         leaf = self.store.current_path(self.conversation_id)[-1]
@@ -443,7 +526,7 @@ class MainWindow(QMainWindow):
         if user.conversation_id != self.conversation_id:
             return
         path = self.store.path_to(user.id)
-        self.chat.set_messages([self._view(m) for m in path])
+        self.chat.set_messages(self._views(path))
         self._streaming_id = reply.id
         self.chat.begin_reply(self._view(reply))
         self.chat.scroll_to_end()  # the new message in view, also when scrolled up
@@ -570,6 +653,13 @@ class MainWindow(QMainWindow):
     def open_api_server_settings(self) -> ApiServerDialog:
         """Settings > API Server: the OpenAI-compatible API on the window's engine."""
         dialog = ApiServerDialog(self.api_server, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        return dialog
+
+    def open_tools_settings(self) -> ToolsDialog:
+        """Settings > Tools: the MCP servers, their states, and the rounds a turn may take."""
+        dialog = ToolsDialog(self.tools, self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog

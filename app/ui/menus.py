@@ -62,6 +62,8 @@ class MenuWindow(Protocol):
 
     def open_api_server_settings(self) -> object: ...
 
+    def open_tools_settings(self) -> object: ...
+
     def apply_theme(self, name: str) -> None: ...
 
     def open_about(self) -> object: ...
@@ -132,6 +134,7 @@ def build_menus(window: MenuWindow) -> None:
         name="speculation",
     )
     action(settings_menu, "API Server…", window.open_api_server_settings, name="api-server")
+    action(settings_menu, "Tools…", window.open_tools_settings, name="tools")
     themes = view.addMenu("Theme")
     for name in theme.THEMES:
         action(themes, name.title(), lambda _=False, n=name: window.apply_theme(n))

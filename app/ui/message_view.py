@@ -23,6 +23,7 @@ class MessageView:
     attachments: tuple[dict, ...] = ()  # a user message's files (conversations/attachments.py)
     tool_calls: tuple[ToolCall, ...] = ()  # the calls an assistant message makes
     tool_name: str | None = None  # a tool result: the function whose result it is
+    resumable: bool = False  # the last of a tool turn left unfinished: Continue goes on with it
 
     @property
     def sibling_index(self) -> int:

@@ -257,6 +257,14 @@ class MessageWidget(QWidget):
             row.copy_requested.connect(self.copy_requested)
             self._bubble_layout.addWidget(row)
 
+    def set_call_state(self, call_id: str, state: str) -> bool:
+        """Show what call `call_id` of this reply is doing; False when it is not this reply's."""
+        for call, row in zip(self.message.tool_calls, self.call_rows, strict=True):
+            if call.id == call_id:
+                row.set_state(state)
+                return True
+        return False
+
     def append(self, piece: str) -> None:
         """Queue streamed text; the view flushes it on its render tick."""
         self._pending.append(piece)
@@ -301,7 +309,9 @@ class MessageWidget(QWidget):
         self.status_mark.setText(mark)
         self.status_mark.setAccessibleName(f"Reply {mark.lower()}" if mark else "Reply status")
         self.status_mark.setVisible(bool(mark) and not self.is_user)
-        continuable = (mark in ("Interrupted", LENGTH_MARK, EMPTY_STOP_MARK)) and not self.is_user
+        continuable = (
+            mark in ("Interrupted", LENGTH_MARK, EMPTY_STOP_MARK) or message.resumable
+        ) and not self.is_user
         self.continue_button.setVisible(continuable)
         summary = "" if self.is_user else stats_summary(message.stats)
         self.bubble.setToolTip(summary)

@@ -1,4 +1,6 @@
-"""Per-conversation settings: the system prompt and how replies are sampled.
+"""Per-conversation settings: the system prompt, how replies are sampled, and whether the
+chat may call tools (the MCP servers of Settings > Tools; off is `mcp_servers: []`, on removes
+the key, so every server turned on there is offered: app/ui/chat_tools.py).
 
 Edits are saved as they are made (after a short pause), so there is no Apply button to
 forget. Only the settings the user touches are written into the conversation's sampling
@@ -32,6 +34,7 @@ from app.conversations import ConversationStore, StoreError
 from app.engine.protocol import SamplingParams
 from app.session import DEFAULT_MAX_TOKENS
 from app.ui import theme
+from app.ui.chat_tools import SERVERS_KEY
 from app.ui.preset_picker import PresetPicker
 
 SAVE_DEBOUNCE_MS = 300
@@ -156,6 +159,13 @@ class ConversationSettings(QWidget):
         self.reasoning = QCheckBox("Think before answering", self)
         self.reasoning.setAccessibleName("Reasoning")
         self.reasoning_hint = _hint("Needs a reasoning model.", self)
+        self.use_tools = QCheckBox("Use tools from MCP servers", self)
+        self.use_tools.setObjectName("use-tools")
+        self.use_tools.setAccessibleName("Use tools")
+        self.use_tools.setToolTip(
+            "Let the model call the tools of the servers turned on in Settings > Tools; you "
+            "approve each call unless you trust it"
+        )
         self.reset_button = QPushButton("Reset to defaults", self)
         self.reset_button.setObjectName("reset-settings")
         self.reset_button.setAccessibleName("Reset sampling to defaults")
@@ -183,6 +193,7 @@ class ConversationSettings(QWidget):
         self.max_tokens.valueChanged.connect(lambda v: self._edit("max_tokens", v))
         self.seed.textChanged.connect(lambda text: self._edit("seed", int(text) if text else None))
         self.reasoning.toggled.connect(lambda on: self._edit("reasoning", on))
+        self.use_tools.toggled.connect(lambda on: self._edit(SERVERS_KEY, None if on else []))
         self.reset_button.clicked.connect(self.reset)
 
     def _build_layout(self) -> None:
@@ -223,6 +234,10 @@ class ConversationSettings(QWidget):
         layout.addLayout(form)
         layout.addSpacing(6)
         layout.addLayout(reset_row)
+        layout.addSpacing(10)
+        layout.addWidget(_section("Tools", self))
+        layout.addWidget(self.use_tools)
+        layout.addWidget(_hint("Servers are added in Settings > Tools.", self))
         layout.addStretch(1)
 
     # Public
@@ -284,6 +299,8 @@ class ConversationSettings(QWidget):
             self.seed.setText("" if seed is None else str(seed))
         with QSignalBlocker(self.reasoning):
             self.reasoning.setChecked(bool(sampling.get("reasoning", False)))
+        with QSignalBlocker(self.use_tools):
+            self.use_tools.setChecked(sampling.get(SERVERS_KEY) != [])
 
     def _edit(self, key: str, value: Any) -> None:
         if self._conversation_id is None:

@@ -1,12 +1,16 @@
 """Tool calls and tool results in the chat: one collapsed row each, opened on demand.
 
 An assistant message's calls are rows inside its bubble ("Called get_weather"); opened, a
-row shows the arguments as indented JSON. A tool message is a row of its own under the
-call ("Result of get_weather"); opened, it shows the result's text, a long one cut to its
-first lines with a button to show all of it. Rows start closed (tools are an advanced
-feature: the conversation reads as a conversation), are reached and opened with the
-keyboard (Tab, Space), and say what they hold to screen readers. Colours come from
-chat.qss, like the rest of the chat.
+row shows the arguments as indented JSON. While the window's tool loop runs a call, its row
+says the call's state after its name ("Called get_weather · running 1.5 s": waiting for
+approval, running, done, failed, denied, cancelled). A tool message is a row of its own under
+the call ("Result of get_weather · done, 0.4 s": how a loop's call ended, and its seconds);
+opened, it shows the result's text (the whole of it where the model read it cut), a long one
+cut to its first lines with a button to show all of it. The last result of a tool turn left
+unfinished has Continue under it. Rows start closed (tools are an advanced feature: the
+conversation reads as a conversation), are reached and opened with the keyboard (Tab, Space),
+and say what they hold to screen readers. Colours come from chat.qss, like the rest of the
+chat.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from app.ui.a11y import described
 from app.ui.message_text import MessageText
 from app.ui.message_view import MessageView
 
+ENDED = ("done", "failed", "denied", "cancelled")  # a loop's call as stored (app/tool_loop)
 SHOWN_LINES = 24  # a result longer than this opens cut to its first lines
 SHOWN_CHARS = 2_000  # or to this many characters, whichever comes first
 
@@ -44,6 +49,7 @@ class ToolRow(QWidget):
         super().__init__(parent)
         self.setObjectName("toolRow")
         self._title, self._what = title, what
+        self._state = ""
         self._text, self._language = text, language
         self._dark = dark
         self._whole = False  # the long text shown in full
@@ -66,17 +72,28 @@ class ToolRow(QWidget):
     def is_open(self) -> bool:
         return self.toggle.isChecked()
 
+    @property
+    def state(self) -> str:
+        return self._state
+
     def set_dark(self, dark: bool) -> None:
         if dark != self._dark:
             self._dark = dark
             if self.body_text is not None:
                 self._render()
 
+    def set_state(self, state: str) -> None:
+        """What the call is doing now, in words after the title ("" for nothing)."""
+        self._state = state
+        self._label()
+
     def _label(self) -> None:
         shown = self.is_open
-        self.toggle.setText(f"{'▾' if shown else '▸'}  {self._title}")
+        title = f"{self._title} · {self._state}" if self._state else self._title
+        self.toggle.setText(f"{'▾' if shown else '▸'}  {title}")
         verb = "Hide" if shown else "Show"
-        described(self.toggle, f"{verb} {self._what}", f"{verb} {self._what}")
+        what = f"{self._what} ({self._state})" if self._state else self._what
+        described(self.toggle, f"{verb} {what}", f"{verb} {what}")
 
     def _opened(self, shown: bool) -> None:
         if shown and self.body is None:
@@ -139,6 +156,16 @@ def call_row(call: ToolCall, *, dark: bool, parent: QWidget) -> ToolRow:
     )
 
 
+def result_state(message: MessageView) -> str:
+    """How a call of a tool loop ended, for its result's row, with its seconds when kept
+    ("done, 0.4 s"); "" for a result from elsewhere (an import, the API server)."""
+    state = message.finish_reason
+    if state not in ENDED:
+        return ""
+    seconds = (message.stats or {}).get("elapsed_s")
+    return f"{state}, {seconds:.1f} s" if isinstance(seconds, int | float) else str(state)
+
+
 class ToolResultWidget(QWidget):
     """A tool message in the conversation: one result row, under the call it answers.
 
@@ -146,6 +173,7 @@ class ToolResultWidget(QWidget):
     messageId property), and has the little of a message widget the view calls on it."""
 
     copy_requested = Signal(str)
+    continue_requested = Signal(str)  # a tool turn left unfinished here goes on
 
     def __init__(self, message: MessageView, *, dark: bool, parent: QWidget) -> None:
         super().__init__(parent)
@@ -162,6 +190,14 @@ class ToolResultWidget(QWidget):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(self.frame)
+        self.continue_button = described(
+            QToolButton(self), "Continue the turn", "Let the model go on from this result"
+        )
+        self.continue_button.setObjectName("continueButton")
+        self.continue_button.setText("Continue")
+        self.continue_button.setAutoRaise(True)
+        self.continue_button.clicked.connect(lambda: self.continue_requested.emit(self.message.id))
+        outer.addWidget(self.continue_button, 0, Qt.AlignmentFlag.AlignLeft)
         self.row: ToolRow | None = None
         self._build_row()
 
@@ -180,13 +216,16 @@ class ToolResultWidget(QWidget):
             self.row.hide()
             self.row.deleteLater()
         name = self.message.tool_name
+        stats = self.message.stats or {}
         self.row = ToolRow(
             f"Result of {name}" if name else "Tool result",
             f"the result of {name}" if name else "the tool result",
-            self.message.content,
+            str(stats.get("shown") or self.message.content),
             "text",
             dark=self._dark,
             parent=self.frame,
         )
+        self.row.set_state(result_state(self.message))
+        self.continue_button.setVisible(self.message.resumable)
         self.row.copy_requested.connect(self.copy_requested)
         self.frame.layout().addWidget(self.row)

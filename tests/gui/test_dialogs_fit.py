@@ -1,7 +1,7 @@
 """Every dialog opens no larger than the screen's available geometry (a 960 x 600 laptop
 here), with its buttons on screen: Hardware, Models, Welcome, API Server, Remote Server,
-Speculative Decoding and Import, the first two of which opened at about 1100 x 900 and
-1120 x 725."""
+Speculative Decoding, Import, Tools (with its server form) and a tool call's approval, the
+first two of which opened at about 1100 x 900 and 1120 x 725."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ from PySide6.QtCore import QPoint, QRect
 from PySide6.QtWidgets import QAbstractButton, QApplication, QDialog, QScrollArea, QWidget
 
 from app.models.default import default_model_path
+from app.tool_loop import CallRequest
+from app.toolcalls.tools import ToolCall
 from app.ui import fit
+from app.ui.approval import ApprovalDialog
 from app.ui.hardware import HardwareWizard
 from app.ui.models import ImportDialog
 from app.ui.remote_settings import RemoteSettingsDialog
+from app.ui.server_form import ServerForm
 from app.ui.speculation_dialog import SpeculationDialog
 from app.ui.welcome import Welcome
 from tests.gui.harness import Harness
@@ -70,6 +74,8 @@ def test_welcome_import_remote_and_speculation_settings_fit(qtbot) -> None:
         ImportDialog(),
         RemoteSettingsDialog(),
         SpeculationDialog(model),
+        ServerForm(None),
+        ApprovalDialog(CallRequest("tiny", "pid", {}, ToolCall("call-1", "pid", "{}"))),
     ):
         qtbot.addWidget(dialog)
         assert_fits(dialog)
@@ -82,3 +88,5 @@ def test_the_models_and_api_server_dialogs_fit(harness: Harness) -> None:
     assert_fits(models)
     api = window.open_api_server_settings()
     assert_fits(api)
+    tools = window.open_tools_settings()
+    assert_fits(tools)
