@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLabel,
+    QListView,
     QListWidget,
     QListWidgetItem,
     QMenu,
@@ -69,6 +70,10 @@ class ToolsDialog(QDialog):
         self.problem.setWordWrap(True)
         self.list = QListWidget(self)
         self.list.setAccessibleName("MCP servers")
+        # a failed server's reason is read whole, wrapped, not behind a sideways scroll
+        self.list.setWordWrap(True)
+        self.list.setResizeMode(QListView.ResizeMode.Adjust)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.add_button = QPushButton("Add…", self)
         self.edit_button = QPushButton("Edit…", self)
         self.remove_button = QPushButton("Remove", self)

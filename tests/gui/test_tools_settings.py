@@ -57,6 +57,7 @@ def test_servers_are_listed_with_their_states_and_changed_in_mcp_json(
     tiny_line, broken_line = _lines(dialog)[:2]
     assert tiny_line == "tiny — ready (6 tools)"
     assert broken_line.startswith("broken — failed:") and "cannot find the database" in broken_line
+    assert dialog.list.horizontalScrollBar().maximum() == 0  # the reason wraps, read whole
 
     trust.set_always_allowed("tiny", "pid", True)  # the approval prompt's Always allow
     harness.act(dialog.refresh)
