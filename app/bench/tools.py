@@ -66,7 +66,9 @@ class AgentTools:
         return ToolOutcome("done", agent.result(call.name, self.turn))
 
 
-async def stoke_loop(model: str, n_ctx: int, task: str, rounds: int, max_tokens: int) -> list:
+async def stoke_loop(
+    model: str, n_ctx: int, task: str, rounds: int, max_tokens: int, speculation: str = "auto"
+) -> list:
     """One tool loop in Stoke's session: per round (ttft, prompt tokens, prefilled tokens).
     Every round but the last must call; a reply that made no call (cut at `max_tokens`) is
     followed by agent.CONTINUE as the agent does, so both sides send `rounds` prompts."""
@@ -94,7 +96,7 @@ async def stoke_loop(model: str, n_ctx: int, task: str, rounds: int, max_tokens:
             asked = time.perf_counter()
 
     with ConversationStore.open() as store:
-        engine = EngineClient(LoadOptions(model, n_ctx=n_ctx))
+        engine = EngineClient(LoadOptions(model, n_ctx=n_ctx, speculation=speculation))
         await engine.start()
         try:
             session = ChatSession(store, engine)
@@ -167,9 +169,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 for side in order:
                     print(f"rep {rep + 1}: {side}", file=sys.stderr)
                     if side == "stoke":
-                        rows = asyncio.run(
-                            stoke_loop(model, args.ctx, task, args.rounds, args.max_tokens)
+                        loop = stoke_loop(
+                            model, args.ctx, task, args.rounds, args.max_tokens, args.speculation
                         )
+                        rows = asyncio.run(loop)
                     else:
                         log = home / LOGS["anchor"]
                         rows = anchor_loop(url, log, task, args.rounds, args.max_tokens)
@@ -186,6 +189,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "reps": args.reps,
             "max_tokens": args.max_tokens,
             "n_ctx": args.ctx,
+            "speculation": args.speculation,
             "system_prompt_chars": len(agent.system_prompt()),
         },
         "results": results,
@@ -256,6 +260,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--reps", type=int, default=2, help="repetitions, a new task each")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per reply")
     parser.add_argument("--ctx", type=int, default=8192, help="context of both sides")
+    parser.add_argument(
+        "--speculation",
+        choices=("auto", "lookup", "off"),
+        default="auto",
+        help="Stoke's speculative decoding (default: auto, as the window runs)",
+    )
     parser.set_defaults(run=main)
 
 
