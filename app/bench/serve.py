@@ -136,15 +136,17 @@ def stoke_server(model: str, n_ctx: int, home: Path, logs: Path | None = None) -
 
 
 @contextlib.contextmanager
-def anchor_server(model: str, n_ctx: int, home: Path, logs: Path | None = None) -> Iterator[str]:
+def anchor_server(
+    model: str, n_ctx: int, home: Path, logs: Path | None = None, *, verbose: bool = False
+) -> Iterator[str]:
     """llama_cpp.server with its RAM prompt cache, threads and CPU buffer types as Stoke's
-    engine uses."""
+    engine uses; `verbose`: its log tells how many prompt tokens each request evaluated."""
     port = _free_port()
     threads = str(os.cpu_count() or 1)
     command = [sys.executable, "-m", "app.engine.llamacpp.peer_server", "--model", model]
     command += ["--n_ctx", str(n_ctx), "--n_batch", "512", "--cache", "True"]
     command += ["--cache_size", str(ANCHOR_CACHE_BYTES)]
-    command += ["--n_threads", threads, "--n_threads_batch", threads, "--verbose", "False"]
+    command += ["--n_threads", threads, "--n_threads_batch", threads, "--verbose", str(verbose)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--api_key", API_KEY]
     log = (logs or home) / LOGS["anchor"]
     with _process(command, log, dict(os.environ)) as process:

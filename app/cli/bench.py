@@ -12,6 +12,7 @@ from app.bench import (
     kv,
     prefill,
     serve,
+    tools,
     ui_stall,
 )
 
@@ -19,5 +20,15 @@ from app.bench import (
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="benchmarks (see app/bench/)")
     benchmarks = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    for bench in (kv, ui_stall, attach, serve, cpu_buffers, decode, prefill, deepseek_v4_reference):
+    for bench in (
+        kv,
+        ui_stall,
+        attach,
+        serve,
+        tools,
+        cpu_buffers,
+        decode,
+        prefill,
+        deepseek_v4_reference,
+    ):
         bench.add_parser(benchmarks)

@@ -1,4 +1,6 @@
-"""`stoke chat`: an interactive terminal chat, and one-shot JSON turns for scripts."""
+"""`stoke chat`: an interactive terminal chat, and one-shot JSON turns for scripts; with MCP
+servers in mcp.json (or named by `--tools`), a turn may call their tools, each asked about on
+the terminal first (chat_tools.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import sys
 from collections.abc import Iterator
 
 from app import paths
+from app.cli.chat_tools import TerminalTools, add_arguments, chosen_servers
 from app.conversations import Conversation, ConversationStore, StoreError
 from app.engine.choice import CHOICES
 from app.engine.host import EngineClient, EngineCrashedError
@@ -18,12 +21,14 @@ from app.engine.prewarm import Prewarmer
 from app.engine.protocol import (
     ContextOverflowError,
     EngineError,
+    GenerationStats,
     TokenEvent,
 )
 from app.engine.remote import MODES
 from app.launch import load_options_of
 from app.models.names import model_name
 from app.session import ChatSession, MessageTooLongError, ReplyNotSavedError, TurnResult
+from app.tool_loop import RoundDone, ToolLoop, ToolTurn
 
 HELP = """Commands:
   /new              start a new conversation
@@ -55,6 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="when the conversation outgrows the context, leave out its oldest turns",
     )
     parser.add_argument("--list", action="store_true", help="list conversations and exit")
+    add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -108,19 +114,30 @@ async def _run(args: argparse.Namespace, store: ConversationStore) -> int:
         client.add_notice_listener(_warn)
     session = ChatSession(store, client)
     conversation = _pick_conversation(args, store)
+    servers = chosen_servers(args, _warn)
+    can_ask = sys.stdin.isatty() or not args.json  # a script's pipe may answer; --json alone not
+    tools = TerminalTools(servers, args, can_ask=can_ask, on_round=_print_round, warn=_warn)
     try:
-        if args.message is None and not sys.stdin.isatty() and not args.json:
-            args.message = sys.stdin.read()
-        if args.message is not None:  # the session starts the engine once this is saved
-            result = await session.send(
-                conversation.id,
-                args.message,
-                drop_oldest=args.drop_oldest,
-                on_token=None if args.json else _echo,
-            )
-            _print_result(args, result, client.notices)
-            return 0 if result.status == "complete" else 1
-        return await _interactive(session, conversation, args)
+        async with tools:
+            loop = tools.loop(session) if servers else None
+            if args.message is None and not sys.stdin.isatty() and not args.json:
+                args.message = sys.stdin.read()
+            if args.message is not None and loop is not None:
+                turn = await loop.send(
+                    conversation.id, args.message, on_token=None if args.json else _echo
+                )
+                _print_turn(args, turn, tools, client.notices)
+                return 0 if turn.stopped is None else 1
+            if args.message is not None:  # the session starts the engine once this is saved
+                result = await session.send(
+                    conversation.id,
+                    args.message,
+                    drop_oldest=args.drop_oldest,
+                    on_token=None if args.json else _echo,
+                )
+                _print_result(args, result, client.notices)
+                return 0 if result.status == "complete" else 1
+            return await _interactive(session, conversation, args, loop)
     finally:
         await client.close()
 
@@ -146,7 +163,10 @@ def _pick_conversation(args: argparse.Namespace, store: ConversationStore) -> Co
 
 
 async def _interactive(
-    session: ChatSession, conversation: Conversation, args: argparse.Namespace
+    session: ChatSession,
+    conversation: Conversation,
+    args: argparse.Namespace,
+    tools: ToolLoop | None,
 ) -> int:
     store = session.store
     print(f"Loading {session.engine.options.model_path} …", file=sys.stderr)
@@ -157,16 +177,22 @@ async def _interactive(
     prewarm = Prewarmer(session)
     await prewarm.startup(conversation.id)  # restored from disk while the first line is typed
     try:
-        return await _repl(session, conversation, prewarm, drop_oldest=args.drop_oldest)
+        return await _repl(session, conversation, prewarm, tools, drop_oldest=args.drop_oldest)
     finally:
         prewarm.cancel()
         await prewarm.idle()
 
 
 async def _repl(
-    session: ChatSession, conversation: Conversation, prewarm: Prewarmer, *, drop_oldest: bool
+    session: ChatSession,
+    conversation: Conversation,
+    prewarm: Prewarmer,
+    tools: ToolLoop | None,
+    *,
+    drop_oldest: bool,
 ) -> int:
-    """Read a line, act on it, until /quit or end of input."""
+    """Read a line, act on it, until /quit or end of input. With `tools`, a message's turn
+    runs through the tool loop (/regen and /edit stay plain replies)."""
     store = session.store
     loop = asyncio.get_running_loop()
     while True:
@@ -216,6 +242,13 @@ async def _repl(
                 prewarm.after_reply(conversation.id)
             elif command.startswith("/"):
                 print(f"Unknown command {command}. /help lists them.")
+            elif line.strip() and tools is not None:
+                prewarm.cancel(conversation.id)
+                with _cancel_on_ctrl_c(session):
+                    turn = await tools.send(conversation.id, line, on_token=_echo)
+                if turn.stopped is not None:
+                    print(f"\n[{turn.stopped}]")
+                prewarm.after_reply(conversation.id)
             elif line.strip():
                 prewarm.cancel(conversation.id)
                 with _cancel_on_ctrl_c(session):
@@ -285,19 +318,28 @@ def _echo(event: TokenEvent) -> None:
 
 
 def _print_stats(result: TurnResult) -> None:
-    stats = result.stats
     note = " [stopped]" if result.status == "interrupted" else ""
-    if stats is None:
+    if result.stats is None:
         print(note)
         return
     dropped = f" · left out {result.dropped_turns} old messages" if result.dropped_turns else ""
+    print(f"{note}\n  {_stats_line(result.stats)}{dropped}", file=sys.stderr)
+
+
+def _print_round(done: RoundDone) -> None:
+    """A tool turn's round is in: its stats (each round after the first prefills only what
+    is new: the results and the template's glue)."""
+    if done.stats is not None:
+        print(f"\n  round {done.round}: {_stats_line(done.stats)}", file=sys.stderr)
+
+
+def _stats_line(stats: GenerationStats) -> str:
     kept = stats.acceptance  # None: nothing drafted (speculation off, or never worth a guess)
     drafts = f" · drafts {kept:.0%} accepted" if kept is not None else ""
-    print(
-        f"{note}\n  ttft {stats.ttft_s:.2f} s · reused {stats.reused_tokens:,} of "
+    return (
+        f"ttft {stats.ttft_s:.2f} s · reused {stats.reused_tokens:,} of "
         f"{stats.prompt_tokens:,} prompt tokens · prefilled {stats.prefilled_tokens:,} · "
-        f"{stats.decode_tok_s:.1f} tok/s{drafts}{dropped}",
-        file=sys.stderr,
+        f"{stats.decode_tok_s:.1f} tok/s{drafts}"
     )
 
 
@@ -310,6 +352,28 @@ def _print_result(args: argparse.Namespace, result: TurnResult, notices: list[st
     else:
         print()
         _print_stats(result)
+
+
+def _print_turn(
+    args: argparse.Namespace, turn: ToolTurn, tools: TerminalTools, notices: list[str]
+) -> None:
+    """A one-shot tool turn's end: with --json its last reply as a plain turn's, with every
+    round's reply, every call and why it stopped early (None: the model answered)."""
+    if args.json:
+        output = turn.replies[-1].as_dict() if turn.replies else {}
+        output.update(
+            conversation_id=turn.conversation_id,
+            rounds=[reply.as_dict() for reply in turn.replies],
+            tool_calls=tools.calls,
+            stopped=turn.stopped,
+        )
+        if notices:
+            output["notices"] = notices
+        print(json.dumps(output, ensure_ascii=False))
+    else:
+        print()
+        if turn.stopped is not None:
+            print(f"[{turn.stopped}]", file=sys.stderr)
 
 
 def _fail(args: argparse.Namespace, exc: Exception) -> int:
