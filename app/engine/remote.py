@@ -216,7 +216,10 @@ class RemoteEngine:
     def _detect(self, has_tokens: bool, props: dict, vocab: object | None) -> WireMode:
         if not has_tokens:
             return WireMode.CHAT
-        if "default_generation_settings" in props:
+        # Stoke's own server answers /props as llama-server does, but has no native
+        # /completion: it takes token prompts on /v1/completions (the probe below)
+        stoke = str(props.get("build_info", "")).startswith("stoke")
+        if "default_generation_settings" in props and not stoke:
             return WireMode.LLAMA_SERVER
         probe = vocab.tokenize("Hi") if vocab is not None else [0]
         try:

@@ -80,7 +80,7 @@ def test_an_api_request_reads_its_prompt_in_whole_batches(model_path, monkeypatc
         generate = server.engine.generate
 
         async def listened(*args, **kwargs):
-            return await generate(*args, **kwargs, on_progress=seen.append)
+            return await generate(*args, **{**kwargs, "on_progress": seen.append})
 
         monkeypatch.setattr(server.engine, "generate", listened)
         reply = server.client().chat.completions.create(

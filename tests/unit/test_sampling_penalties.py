@@ -23,6 +23,8 @@ def test_penalties_and_logit_bias_reach_the_sampling_params() -> None:
     assert (sampling.presence_penalty, sampling.frequency_penalty) == (1.5, -0.5)
     assert sampling.repeat_penalty == 1.1
     assert sampling.logit_bias == ((3, 2.5), (7, -100.0))
+    by_text = parse_chat({**CHAT, "logit_bias": [["hello", 1], [5, False]]}).params
+    assert by_text.text_bias == (("hello", 1.0),) and by_text.sampling.logit_bias == ((5, -100.0),)
     defaults = parse_chat(CHAT).params.sampling
     assert (defaults.presence_penalty, defaults.frequency_penalty) == (0.0, 0.0)
     assert defaults.repeat_penalty == 1.0 and defaults.logit_bias == ()
@@ -36,8 +38,9 @@ def test_penalties_and_logit_bias_reach_the_sampling_params() -> None:
         ({"repeat_penalty": 0}, "repeat_penalty", "0.1 to 2"),
         ({"logit_bias": {"1": 101}}, "logit_bias", "-100 to 100"),
         ({"logit_bias": {"1": True}}, "logit_bias", "-100 to 100"),
-        ({"logit_bias": {"-1": 1}}, "logit_bias", "token id"),
-        ({"logit_bias": {"x": 1}}, "logit_bias", "token id"),
+        ({"logit_bias": {"": 1}}, "logit_bias", "token ids (like 42) or non-empty text"),
+        ({"logit_bias": [[-1, 1]]}, "logit_bias", "token ids (like 42) or non-empty text"),
+        ({"logit_bias": [[1]]}, "logit_bias", "[token id or text, bias] pairs"),
         ({"logit_bias": "x"}, "logit_bias", "object"),
         ({"logit_bias": {str(i): 1 for i in range(2000)}}, "logit_bias", "1,024"),
         ({"best_of": 3}, "best_of", "best_of"),
