@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from app.ui import markdown
 from app.ui.attachments import AttachmentChips
+from app.ui.elided import ElidedLabel
 from app.ui.message_text import MessageText
 from app.ui.message_view import MessageView
 from app.ui.tool_rows import ToolRow, call_row
@@ -170,7 +171,7 @@ class MessageWidget(QWidget):
         self._refresh()
 
     def _build_actions(self, row: QHBoxLayout) -> None:
-        self.status_mark = QLabel(self._actions)
+        self.status_mark = ElidedLabel(parent=self._actions)
         self.status_mark.setObjectName("statusMark")
         self.continue_button = _tool_button(
             "continueButton",
@@ -204,7 +205,7 @@ class MessageWidget(QWidget):
             "branchNext", "›", "Next version", "Show the next version", self
         )
         self.next_button.clicked.connect(lambda: self._step_branch(1))
-        self.meta = QLabel(self._actions)
+        self.meta = ElidedLabel(parent=self._actions)  # a narrow chat cuts it, not the bubble
         self.meta.setObjectName("messageMeta")
         self.meta.setAccessibleName("Reply statistics")
 
