@@ -46,11 +46,16 @@ def progress_text(done: int, total: int) -> str:
 
 def drafts_words(stats: dict) -> str:
     """Speculative decoding's share of drafted tokens the model kept ("drafts 71% accepted"),
-    or nothing when the reply drafted nothing (speculation off, or never worth a guess)."""
+    or nothing when the reply drafted nothing (speculation off, or never worth a guess). None
+    kept says so plainly: "drafts 0% accepted" read as a failure (issue 36 item 8)."""
     drafted = stats.get("drafted_tokens") or 0
     if not drafted:
         return ""
-    return f"drafts {(stats.get('accepted_tokens') or 0) / drafted:.0%} accepted"
+    accepted = stats.get("accepted_tokens") or 0
+    if not accepted:
+        return "no drafts kept"
+    share = accepted / drafted
+    return f"drafts {share:.0%} accepted" if share >= 0.005 else "drafts <1% accepted"
 
 
 def stats_summary(stats: dict | None) -> str:
