@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, Qt
-from PySide6.QtGui import QCloseEvent, QGuiApplication
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -572,8 +572,13 @@ class MainWindow(QMainWindow):
         """A setting the engine host changed itself, in one line: worth reading, no error."""
         self.banner.show_message(text, kind="info")
 
+    @property
+    def theme_name(self) -> str:
+        return self._theme
+
     def apply_theme(self, name: str) -> None:
         self._theme = name
+        self.findChild(QAction, f"theme-{name}").setChecked(True)  # View > Theme marks it
         self.settings.setValue("theme", name)
         dark = theme.apply(QApplication.instance(), name)
         self.chat.set_dark(dark)
