@@ -475,7 +475,9 @@ class MainWindow(QMainWindow):
 
     def continue_reply(self, message_id: str) -> None:
         """A reply's Continue: a turn with tool calls goes on through the tool loop (the calls
-        and results kept), any other reply is continued where it stopped."""
+        and results kept), any other reply is continued where it stopped. The composer takes
+        the focus back from the clicked Continue, which the finished reply hides."""
+        self.composer.focus()
         conversation_id = self.conversation_id
         if (
             conversation_id is not None
