@@ -34,6 +34,11 @@ def read_text(name: str) -> str:
     return _folder().joinpath(name).read_text("utf-8")
 
 
+def path(name: str) -> Path:
+    """An asset's file on disk, for what Qt reads itself (a style sheet's url())."""
+    return Path(str(_folder().joinpath(name)))
+
+
 def read_bytes(name: str) -> bytes:
     """An asset as bytes (icons)."""
     return _folder().joinpath(name).read_bytes()

@@ -20,6 +20,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from app.models import secrets
 from app.models.library import LibraryError
@@ -58,27 +59,35 @@ class HubModel:
     likes: int
 
 
+SEARCH_TIMEOUT_S = 10.0  # a hub that does not answer in this long is said to be down
+
+
 def search_models(query: str, *, limit: int = 30) -> list[HubModel]:
     """GGUF and MLX repositories whose name matches `query`, most downloaded first (the
-    hub's own search, one request per format, merged)."""
+    hub's own search, one request per format, merged).
+
+    Asked once each through huggingface_hub's own session, headers and error checks, but not
+    its list_models: that retries through http_backoff five times with growing pauses, so a
+    search offline took 25-30 s to fail and logged a warning for every try (issue 36 item 4).
+    A user who searches again is the retry."""
     endpoint = hub_endpoint()
-    api = HfApi(endpoint=endpoint, library_name="stoke")
+    headers = build_hf_headers(token=secrets.get_token(), library_name="stoke")
     found: dict[str, HubModel] = {}
     try:
         for tag in SEARCH_FORMATS:
-            for info in api.list_models(
-                search=query.strip(),
-                filter=tag,
-                sort="downloads",
-                limit=limit,
-                token=secrets.get_token(),
-            ):
+            params = {"search": query.strip(), "filter": tag, "sort": "downloads", "limit": limit}
+            response = get_session().get(
+                f"{endpoint}/api/models", params=params, headers=headers, timeout=SEARCH_TIMEOUT_S
+            )
+            hf_raise_for_status(response)
+            for info in response.json():
+                repo = info["id"]
                 found.setdefault(
-                    info.id, HubModel(info.id, tag, info.downloads or 0, info.likes or 0)
+                    repo, HubModel(repo, tag, info.get("downloads") or 0, info.get("likes") or 0)
                 )
     except HfHubHTTPError as exc:
         raise DownloadError(explain(exc, f"the search for {query.strip()!r}", endpoint)) from exc
-    except (httpx2.TransportError, OfflineModeIsEnabled, ValueError) as exc:
+    except (httpx2.TransportError, OfflineModeIsEnabled, ValueError, KeyError) as exc:
         raise DownloadError(
             f"Cannot search the hub at {endpoint}: it did not answer. Check the network "
             "connection, then search again."

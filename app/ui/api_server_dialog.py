@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import resources
 from app.engine.protocol import EngineError
 from app.server.control import LocalServer
 from app.settings import Settings
@@ -44,12 +45,17 @@ _MIN_WIDTH = 520  # room for the longest status line to wrap into two or three l
 _FIELD_PADDING = 8  # a line edit's frame and inner padding on each side
 
 
+def stylesheet() -> str:
+    """The dialog's style sheet, its checked boxes ticked with icons/check.svg."""
+    return theme.stylesheet("api_server.qss", check=resources.path("icons/check.svg").as_posix())
+
+
 class ApiServerDialog(QDialog):
     def __init__(self, local: LocalServer, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("API Server")
         self.setObjectName("api-server")
-        self.setStyleSheet(theme.stylesheet("api_server.qss"))
+        self.setStyleSheet(stylesheet())
         self.local = local
         self.task: asyncio.Task | None = None
         self.enabled = QCheckBox("Serve the OpenAI-compatible API on this machine (127.0.0.1)")

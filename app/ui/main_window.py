@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings, Qt
-from PySide6.QtGui import QCloseEvent, QGuiApplication
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -248,6 +248,7 @@ class MainWindow(QMainWindow):
     def new_conversation(self) -> None:
         """Open an empty conversation: the untouched one there is, else a new one."""
         conversation = self.store.most_recent_empty() or self.store.create_conversation()
+        self.sidebar.clear_search()
         self.sidebar.refresh()
         self.open_conversation(conversation.id)
 
@@ -474,7 +475,9 @@ class MainWindow(QMainWindow):
 
     def continue_reply(self, message_id: str) -> None:
         """A reply's Continue: a turn with tool calls goes on through the tool loop (the calls
-        and results kept), any other reply is continued where it stopped."""
+        and results kept), any other reply is continued where it stopped. The composer takes
+        the focus back from the clicked Continue, which the finished reply hides."""
+        self.composer.focus()
         conversation_id = self.conversation_id
         if (
             conversation_id is not None
@@ -572,8 +575,13 @@ class MainWindow(QMainWindow):
         """A setting the engine host changed itself, in one line: worth reading, no error."""
         self.banner.show_message(text, kind="info")
 
+    @property
+    def theme_name(self) -> str:
+        return self._theme
+
     def apply_theme(self, name: str) -> None:
         self._theme = name
+        self.findChild(QAction, f"theme-{name}").setChecked(True)  # View > Theme marks it
         self.settings.setValue("theme", name)
         dark = theme.apply(QApplication.instance(), name)
         self.chat.set_dark(dark)

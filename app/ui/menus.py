@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMenu, QMenuBar
 
 from app.ui import theme
@@ -136,8 +136,12 @@ def build_menus(window: MenuWindow) -> None:
     action(settings_menu, "API Server…", window.open_api_server_settings, name="api-server")
     action(settings_menu, "Tools…", window.open_tools_settings, name="tools")
     themes = view.addMenu("Theme")
+    chosen = QActionGroup(themes)  # one marked: the one in use (MainWindow.apply_theme)
     for name in theme.THEMES:
-        action(themes, name.title(), lambda _=False, n=name: window.apply_theme(n))
+        pick = lambda _=False, n=name: window.apply_theme(n)  # noqa: E731 (bound per theme)
+        item = action(themes, name.title(), pick, name=f"theme-{name}")
+        item.setCheckable(True)
+        chosen.addAction(item)
     help_menu = bar.addMenu("&Help")
     action(help_menu, "About Stoke", window.open_about, name="about")
 

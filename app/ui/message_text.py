@@ -2,18 +2,21 @@
 
 The conversation scrolls, never a bubble: the browser's height follows its document, wheel
 events go to the conversation, and only web links leave the app (copy:N anchors copy a code
-block; formulas are this message's own images, nothing else is ever loaded).
+block, and the link reads "Copied" for a moment; formulas are this message's own images,
+nothing else is ever loaded).
 """
 
 from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QImage, QWheelEvent
+from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QImage, QTextCursor, QWheelEvent
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QWidget
 
 from app.ui import formulas, markdown
+
+COPIED_MS = 1500  # how long a code block's link reads "Copied"
 
 
 class MessageText(QTextBrowser):
@@ -83,8 +86,31 @@ class MessageText(QTextBrowser):
             index = int(url.path()) if url.path().isdigit() else -1
             if 0 <= index < len(self.code_blocks):
                 self.copy_requested.emit(self.code_blocks[index])
+                href = url.toString()
+                if self._relabel(href, "Copied"):
+                    QTimer.singleShot(COPIED_MS, self, lambda: self._relabel(href, "Copy"))
         elif url.scheme() in ("http", "https"):
             QDesktopServices.openUrl(url)
+
+    def _relabel(self, href: str, text: str) -> bool:
+        """The words of the link to `href`, in its own format; False when it is gone (the
+        message was shown again meanwhile)."""
+        block = self.document().begin()
+        while block.isValid():
+            it = block.begin()
+            while not it.atEnd():
+                fragment = it.fragment()
+                if fragment.charFormat().anchorHref() == href:
+                    cursor = QTextCursor(self.document())
+                    cursor.setPosition(fragment.position())
+                    cursor.setPosition(
+                        fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor
+                    )
+                    cursor.insertText(text, fragment.charFormat())
+                    return True
+                it += 1
+            block = block.next()
+        return False
 
     def wheelEvent(self, event: QWheelEvent) -> None:
         event.ignore()  # let the conversation scroll; this widget never has anything to scroll

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from app.ui import markdown
 from app.ui.attachments import AttachmentChips
+from app.ui.elided import ElidedLabel
 from app.ui.message_text import MessageText
 from app.ui.message_view import MessageView
 from app.ui.tool_rows import ToolRow, call_row
@@ -45,11 +46,16 @@ def progress_text(done: int, total: int) -> str:
 
 def drafts_words(stats: dict) -> str:
     """Speculative decoding's share of drafted tokens the model kept ("drafts 71% accepted"),
-    or nothing when the reply drafted nothing (speculation off, or never worth a guess)."""
+    or nothing when the reply drafted nothing (speculation off, or never worth a guess). None
+    kept says so plainly: "drafts 0% accepted" read as a failure (issue 36 item 8)."""
     drafted = stats.get("drafted_tokens") or 0
     if not drafted:
         return ""
-    return f"drafts {(stats.get('accepted_tokens') or 0) / drafted:.0%} accepted"
+    accepted = stats.get("accepted_tokens") or 0
+    if not accepted:
+        return "no drafts kept"
+    share = accepted / drafted
+    return f"drafts {share:.0%} accepted" if share >= 0.005 else "drafts <1% accepted"
 
 
 def stats_summary(stats: dict | None) -> str:
@@ -170,7 +176,7 @@ class MessageWidget(QWidget):
         self._refresh()
 
     def _build_actions(self, row: QHBoxLayout) -> None:
-        self.status_mark = QLabel(self._actions)
+        self.status_mark = ElidedLabel(parent=self._actions)
         self.status_mark.setObjectName("statusMark")
         self.continue_button = _tool_button(
             "continueButton",
@@ -204,7 +210,7 @@ class MessageWidget(QWidget):
             "branchNext", "›", "Next version", "Show the next version", self
         )
         self.next_button.clicked.connect(lambda: self._step_branch(1))
-        self.meta = QLabel(self._actions)
+        self.meta = ElidedLabel(parent=self._actions)  # a narrow chat cuts it, not the bubble
         self.meta.setObjectName("messageMeta")
         self.meta.setAccessibleName("Reply statistics")
 

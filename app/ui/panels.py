@@ -8,8 +8,8 @@ the toggle opens it again from both.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import QDockWidget, QFrame, QScrollArea, QSplitter, QWidget
+from PySide6.QtCore import QSettings, QSize, Qt
+from PySide6.QtWidgets import QDockWidget, QFrame, QScrollArea, QSplitter, QStyle, QWidget
 
 SIDEBAR_KEY = "sidebar_open"
 SETTINGS_KEY = "settings_open"
@@ -64,12 +64,27 @@ class Panels:
         self._settings.setValue(SETTINGS_KEY, "true" if self._dock.isVisible() else "false")
 
 
+class _VerticalScroll(QScrollArea):
+    """Scrolls up and down only, and asks for the width its widget needs, scroll bar
+    included: a dock never cuts the panel at its right edge or scrolls it sideways."""
+
+    def minimumSizeHint(self) -> QSize:
+        hint = super().minimumSizeHint()
+        inner = self.widget()
+        if inner is None:
+            return hint
+        bar = self.style().pixelMetric(QStyle.PixelMetric.PM_ScrollBarExtent, None, self)
+        frame = 2 * self.frameWidth()
+        return QSize(inner.minimumSizeHint().width() + bar + frame, hint.height())
+
+
 def scrolling(widget: QWidget) -> QScrollArea:
     """`widget` in a frameless scroll area: a tall panel in a short window scrolls instead of
     raising the window's minimum height (960 x 540 at 200% scaling)."""
-    area = QScrollArea()
+    area = _VerticalScroll()
     area.setObjectName(f"{widget.objectName() or 'panel'}-scroll")
     area.setFrameShape(QFrame.Shape.NoFrame)
     area.setWidgetResizable(True)
+    area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     area.setWidget(widget)
     return area

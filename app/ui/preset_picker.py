@@ -51,14 +51,14 @@ class PresetPicker(QWidget):
             QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
         )
         self.combo.setMinimumContentsLength(12)  # a long preset name elides, the panel holds
-        self.save_button = QPushButton("Save as preset…", self)
+        self.save_button = QPushButton("Save…", self)  # short: the panel fits its dock at 960
         self.save_button.setAccessibleName("Save as preset")
         self.save_button.setToolTip("Keep this conversation's system prompt and sampling")
         self.delete_button = QPushButton("Delete", self)
         self.delete_button.setAccessibleName("Delete preset")
         self.delete_button.setToolTip("Delete the chosen preset (built-in ones stay)")
         # The list above its buttons: side by side they made the panel wider than its dock
-        # at 960 px (the panel then scrolled sideways and clipped "Save as preset…").
+        # at 960 px (the panel then scrolled sideways and clipped its Save button).
         column = QVBoxLayout(self)
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(6)

@@ -98,7 +98,6 @@ class ConversationSettings(QWidget):
     def __init__(self, store: ConversationStore, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("conversation-settings")
-        self.setMinimumWidth(300)
         self.setStyleSheet(theme.stylesheet("settings.qss"))
         self._store = store
         self._conversation_id: str | None = None
@@ -159,7 +158,7 @@ class ConversationSettings(QWidget):
         self.reasoning = QCheckBox("Think before answering", self)
         self.reasoning.setAccessibleName("Reasoning")
         self.reasoning_hint = _hint("Needs a reasoning model.", self)
-        self.use_tools = QCheckBox("Use tools from MCP servers", self)
+        self.use_tools = QCheckBox("Use MCP tools", self)
         self.use_tools.setObjectName("use-tools")
         self.use_tools.setAccessibleName("Use tools")
         self.use_tools.setToolTip(
@@ -199,6 +198,7 @@ class ConversationSettings(QWidget):
     def _build_layout(self) -> None:
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)  # a narrow dock: label above
         form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
         form.setHorizontalSpacing(12)
         form.setVerticalSpacing(10)
@@ -221,7 +221,7 @@ class ConversationSettings(QWidget):
         reset_row.addWidget(self.reset_button)
 
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(14, 12, 14, 12)
+        layout.setContentsMargins(10, 12, 10, 12)
         layout.setSpacing(8)
         layout.addWidget(_section("Preset", self))
         layout.addWidget(self.presets)

@@ -446,6 +446,13 @@ class Sidebar(QWidget):
     def current_id(self) -> str | None:
         return self._current_id
 
+    def clear_search(self) -> None:
+        """Forget the search without a refresh of its own: the caller refreshes (a new chat
+        must not stay hidden by the filter it was made under)."""
+        self._search_timer.stop()
+        with QSignalBlocker(self.search):
+            self.search.clear()
+
     def focus_search(self) -> None:
         self.search.setFocus(Qt.FocusReason.ShortcutFocusReason)
         self.search.selectAll()
@@ -512,13 +519,23 @@ class Sidebar(QWidget):
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         """A right click opens the menu without opening the conversation under it; Down and
-        Esc in the search field move into the results and clear the search."""
+        Esc in the search field move into the results and clear the search. Esc is the
+        window's Stop shortcut too: the field claims it while it has a search to clear."""
         if watched is self.list.viewport() and isinstance(event, QMouseEvent):
             pressed = event.type() in (
                 QEvent.Type.MouseButtonPress,
                 QEvent.Type.MouseButtonDblClick,
             )
             return pressed and event.button() == Qt.MouseButton.RightButton
+        if (
+            watched is self.search
+            and isinstance(event, QKeyEvent)
+            and event.type() == QEvent.Type.ShortcutOverride
+            and event.key() == Qt.Key.Key_Escape
+            and self.search.text()
+        ):
+            event.accept()  # a key press for the field, not the Stop shortcut
+            return True
         if (
             watched is self.search
             and isinstance(event, QKeyEvent)

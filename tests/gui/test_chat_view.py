@@ -100,6 +100,19 @@ def test_code_copy_link_puts_the_code_on_the_clipboard(qtbot: QtBot, view: ChatV
     assert QGuiApplication.clipboard().text() == CODE
 
 
+def test_a_code_blocks_copy_link_says_copied_then_copy_again(qtbot: QtBot, view: ChatView) -> None:
+    """Feedback where the user clicked (issue 36 item 8), not only in the status bar."""
+    view.set_messages(_conversation())
+    answer = _message(view, "a1").findChild(QTextBrowser, "messageText")
+    assert "Copy\n" in answer.toPlainText() and "Copied" not in answer.toPlainText()
+    answer.anchorClicked.emit(QUrl("copy:0"))
+    assert "Copied" in answer.toPlainText()
+    qtbot.waitUntil(lambda: "Copied" not in answer.toPlainText(), timeout=10_000)
+    assert "Copy\n" in answer.toPlainText()
+    answer.anchorClicked.emit(QUrl("copy:0"))  # the link still copies after it was relabelled
+    assert QGuiApplication.clipboard().text() == CODE
+
+
 def test_copy_message_copies_the_answer_without_reasoning(qtbot: QtBot, view: ChatView) -> None:
     view.set_messages([MessageView("a1", "assistant", "<think>hmm</think>The answer.")])
     with qtbot.waitSignal(view.copied) as blocker:

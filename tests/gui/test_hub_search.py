@@ -5,11 +5,13 @@ and fit, and Download brings one into the library through the page's own downloa
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable
 
 import pytest
+from PySide6.QtCore import QCoreApplication, QThreadPool
 from pytestqt.qtbot import QtBot
 
 from app.models.catalog import FITS_GPU, size_verdict
@@ -113,20 +115,52 @@ def test_search_tab_lists_files_with_fit_and_downloads_into_the_library(
     assert hub.served["Tiny.Q4_1.gguf"] == size and not hub.served[Q8[0]]  # that one only
 
 
-def test_a_hub_that_does_not_answer_is_said_in_words(
+def test_a_hub_that_does_not_answer_is_said_in_words_once_without_retries(
     open_dialog: Callable[..., ModelsDialog],  # noqa: F811
     qtbot: QtBot,
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Offline, the real client fails at its first try: huggingface_hub's backoff retried five
+    times (25-30 s) and logged a warning for each (issue 36 item 4)."""
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed.getsockname()[1]}")
         dialog = open_dialog()
         page = dialog.search_tab
         page.query.setText("tiny")
-        page.search_button.click()
-        qtbot.waitUntil(lambda: page.search_button.isEnabled(), timeout=WAIT_MS)
+        with caplog.at_level(logging.WARNING, logger="huggingface_hub"):
+            page.search_button.click()
+            assert page.search_button.text() == "Cancel" and page.search_button.isEnabled()
+            qtbot.waitUntil(lambda: page.search_button.text() == "Search", timeout=WAIT_MS)
     text = page.status.text()
     assert text.startswith("Cannot search the hub at http://127.0.0.1:")
     assert "Error" not in text and "Traceback" not in text and "[Errno" not in text
     assert page.tree.topLevelItemCount() == 0
+    retries = [r.getMessage() for r in caplog.records if r.name.startswith("huggingface_hub")]
+    assert not retries, retries
+
+
+def test_a_search_the_hub_keeps_waiting_on_can_be_cancelled(
+    open_dialog: Callable[..., ModelsDialog],  # noqa: F811
+    qtbot: QtBot,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hub that takes the connection and never answers: Cancel gives Search back at once,
+    and the answer that comes later (here: the hub going away) changes nothing."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        dialog = open_dialog()
+        page = dialog.search_tab
+        page.query.setText("tiny")
+        page.search_button.click()
+        assert page.search_button.text() == "Cancel"
+        page.search_button.click()
+        assert page.search_button.text() == "Search"
+        assert page.status.text() == "Search for “tiny” cancelled."
+    QThreadPool.globalInstance().waitForDone()  # the hub went away: its failure arrives
+    QCoreApplication.processEvents()
+    assert page.status.text() == "Search for “tiny” cancelled."
+    assert page.search_button.text() == "Search"

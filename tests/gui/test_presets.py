@@ -85,7 +85,7 @@ def test_save_as_preset_then_apply_it_elsewhere_and_delete_it(
 
 def test_the_preset_row_fits_the_panel_at_its_narrowest(panel: ConversationSettings) -> None:
     """The picker's list sits above its buttons: side by side they made the panel wider than
-    its 300 px dock at 960 px, which then scrolled sideways and clipped "Save as preset…"."""
+    its dock at 960 px, which then scrolled sideways and clipped its Save button."""
     picker = panel.presets
     assert picker.minimumSizeHint().width() <= panel.minimumWidth() - 24
     assert panel.minimumSizeHint().width() <= panel.minimumWidth()

@@ -230,7 +230,7 @@ def test_every_control_is_named_and_explained(panel: ConversationSettings) -> No
     ]
     controls = [c for c in controls if not isinstance(c.parentWidget(), QAbstractSpinBox)]
 
-    assert len(controls) == 15  # with the preset row (its box, Save as preset…, Delete) and tools
+    assert len(controls) == 15  # with the preset row (its box, Save…, Delete) and tools
     for control in controls:
         assert control.accessibleName(), control
         assert control.toolTip(), control

@@ -17,7 +17,8 @@ from app import paths
 from app.models.default import default_model_path
 from app.models.truncated_gguf import write_truncated
 from app.settings import Settings
-from app.ui.main_window import MainWindow
+from app.ui.main_window import MainWindow, stats_line
+from app.ui.message_widget import stats_summary
 from app.ui.speculation_dialog import NONE_TEXT, SpeculationDialog
 from tests.e2e.test_speculative import EDIT
 from tests.gui.harness import Harness
@@ -117,3 +118,21 @@ def test_the_draft_method_needs_a_draft_model(qtbot: QtBot, stoke_home: Path) ->
     dialog.save()
     assert "Choose a draft model" in dialog.status.text()
     assert not dialog.result() and Settings.load().speculation == "auto"  # nothing saved
+
+
+def test_a_reply_that_kept_no_drafts_says_so_plainly() -> None:
+    """Not "drafts 0% accepted", which read as a failure (issue 36 item 8)."""
+    stats = {
+        "ttft_s": 0.1,
+        "prefill_tok_s": 100.0,
+        "decode_tok_s": 20.0,
+        "reused_tokens": 0,
+        "prompt_tokens": 30,
+        "drafted_tokens": 12,
+        "accepted_tokens": 0,
+    }
+    for line in (stats_line(stats), stats_summary(stats)):
+        assert "no drafts kept" in line and "0%" not in line
+    kept_one = {**stats, "drafted_tokens": 400, "accepted_tokens": 1}
+    assert "drafts <1% accepted" in stats_line(kept_one)
+    assert "drafts 50% accepted" in stats_line({**stats, "accepted_tokens": 6})

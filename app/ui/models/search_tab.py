@@ -56,6 +56,7 @@ class HubSearch(QWidget):
         self._hardware = hardware
         self._download = download
         self.results: list[HubModel] = []
+        self._searching: str | None = None  # the words of the search under way
         self.listings: dict[str, RepoListing] = {}
         column = QVBoxLayout(self)
         column.setContentsMargins(0, 10, 0, 0)
@@ -86,27 +87,47 @@ class HubSearch(QWidget):
         header.setStretchLastSection(False)
         column.addWidget(self.tree, 1)
         self.query.returnPressed.connect(self.search)
-        self.search_button.clicked.connect(self.search)
+        self.search_button.clicked.connect(self._search_clicked)
         self.tree.itemExpanded.connect(self._expanded)
 
     # -- searching --
 
+    def _search_clicked(self) -> None:
+        if self._searching is None:
+            self.search()
+        else:
+            self.cancel_search()
+
     def search(self) -> None:
+        """Ask the hub; while it answers, the button reads Cancel."""
         words = self.query.text().strip()
         if not words:
             self.status.setText(HINT)
             return
-        self.search_button.setEnabled(False)
+        self._set_searching(words)
         self.status.setText(f"Searching for “{words}”…")
         self._tasks.run(
             QThreadPool.globalInstance(),
             lambda: search_models(words),
             lambda found: self._found(words, found),
-            self._search_failed,
+            lambda failure: self._search_failed(words, failure),
         )
 
+    def cancel_search(self) -> None:
+        """Stop waiting for the hub: its answer, when it comes, is dropped."""
+        words = self._searching
+        self._set_searching(None)
+        self.status.setText(f"Search for “{words}” cancelled.")
+
+    def _set_searching(self, words: str | None) -> None:
+        self._searching = words
+        self.search_button.setText("Search" if words is None else "Cancel")
+        self.search_button.setAccessibleName("Search" if words is None else "Cancel search")
+
     def _found(self, words: str, found: list[HubModel]) -> None:
-        self.search_button.setEnabled(True)
+        if self._searching != words:  # cancelled, or a newer search is under way
+            return
+        self._set_searching(None)
         self.results = found
         self.listings.clear()
         self.tree.clear()
@@ -125,9 +146,11 @@ class HubSearch(QWidget):
             else f"No GGUF or MLX models on the hub match “{words}”."
         )
 
-    def _search_failed(self, words: str) -> None:
-        self.search_button.setEnabled(True)
-        self.status.setText(words)
+    def _search_failed(self, words: str, failure: str) -> None:
+        if self._searching != words:
+            return
+        self._set_searching(None)
+        self.status.setText(failure)
 
     # -- a result's files --
 

@@ -1,0 +1,75 @@
+"""Issue 36 item 8's small ones, in the real window: View > Theme marks the theme in use; Esc
+clears the sidebar's search and a new chat is not hidden by it; focus returns to the composer
+after Continue."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QApplication, QWidget
+
+from app.ui.sidebar import _ID
+from tests.gui.harness import Harness
+
+
+def test_view_theme_marks_the_theme_in_use(harness: Harness) -> None:
+    window = harness.start()
+
+    def marked() -> list[str]:
+        items = [window.findChild(QAction, f"theme-{name}") for name in ("system", "light", "dark")]
+        return [item.objectName() for item in items if item.isChecked()]
+
+    assert marked() == [f"theme-{window.theme_name}"]
+    harness.act(window.findChild(QAction, "theme-dark").trigger)
+    assert window.theme_name == "dark" and marked() == ["theme-dark"]
+    harness.act(window.findChild(QAction, "theme-light").trigger)
+    assert marked() == ["theme-light"]
+
+
+def test_esc_clears_the_sidebar_search_and_a_new_chat_is_not_hidden_by_it(
+    harness: Harness,
+) -> None:
+    window = harness.start()
+    window.store.create_conversation(title="Airships")
+    sidebar = window.sidebar
+
+    def search(words: str) -> None:
+        window.activateWindow()
+        harness.act(lambda: (sidebar.search.setFocus(), QTest.keyClicks(sidebar.search, words)))
+        harness.wait_until(
+            lambda: (
+                [sidebar.list.item(i).text() for i in range(sidebar.list.count())] == ["Airships"]
+            )
+        )
+
+    search("airsh")
+    harness.act(lambda: QTest.keyClick(sidebar.search, Qt.Key.Key_Escape))
+    assert sidebar.search.text() == ""
+    harness.wait_until(lambda: sidebar.list.count() > 1)  # the whole list again
+
+    search("airsh")
+    harness.act(window.new_conversation)
+    assert sidebar.search.text() == ""
+    shown = [sidebar.list.item(i).data(_ID) for i in range(sidebar.list.count())]
+    assert window.conversation_id in shown
+
+
+def test_focus_returns_to_the_composer_after_continue(harness: Harness) -> None:
+    window = harness.start()
+    conversation = window.conversation_id
+    window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": 8})
+    question = window.store.add_message(conversation, None, "user", "Name a colour.")
+    cut = window.store.add_message(
+        conversation, question.id, "assistant", "Blue, like", finish_reason="length"
+    )
+    harness.act(window.reload)
+    window.activateWindow()
+    harness.act(window.composer.focus)
+    harness.wait_until(window.composer.editor.hasFocus)
+    reply = next(w for w in window.chat.findChildren(QWidget, "message") if w.message.id == cut.id)
+    harness.act(lambda: QTest.mouseClick(reply.continue_button, Qt.MouseButton.LeftButton))
+    harness.turn()
+    harness.act(QApplication.processEvents)
+    assert len(window.store.current_path(conversation)[-1].content) > len("Blue, like")
+    assert window.composer.editor.hasFocus(), QApplication.focusWidget()
