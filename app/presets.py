@@ -3,9 +3,11 @@
 A few are built in; the user's own are kept in one private JSON file beside the settings
 (`presets.json`, written atomically through paths.write_private). Applying a preset sets the
 conversation's system prompt and the sampling keys presets own; the seed, the reply length
-and the reasoning switch stay as they were. Which preset a conversation follows is not
-stored: it is the one whose prompt and sampling it matches, so an edit by hand shows as
-"Custom".
+and the reasoning switch stay as they were. A preset saved from a conversation that chose its
+MCP servers (`mcp_servers`: a list of names, [] for none) carries that choice and applying it
+sets it; a preset without one leaves the conversation's tools as they are. Which preset a
+conversation follows is not stored: it is the one whose prompt and sampling it matches (tools
+aside), so an edit by hand shows as "Custom".
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ _SAMPLING = {
     "top_k": Value(whole(0), "a whole number, 0 or more"),
 }
 PRESET_KEYS = tuple(_SAMPLING)
+TOOLS_KEY = "mcp_servers"  # the conversation's MCP servers (the window's chat_tools reads it)
+_STORED = {
+    **_SAMPLING,
+    TOOLS_KEY: Value(
+        lambda v: isinstance(v, list) and all(text(x) for x in v), "a list of MCP server names"
+    ),
+}
 NAME_LIMIT = 60
 _DEFAULTS = {k: getattr(SamplingParams(), k) for k in PRESET_KEYS}  # what a key left out means
 
@@ -42,11 +51,12 @@ class PresetError(Exception):
 class Preset:
     name: str
     system_prompt: str | None
-    sampling: dict[str, Any] = field(default_factory=dict)  # only PRESET_KEYS
+    sampling: dict[str, Any] = field(default_factory=dict)  # PRESET_KEYS and TOOLS_KEY
     builtin: bool = False
 
     def applied_to(self, sampling: Mapping[str, Any]) -> dict[str, Any]:
-        """A conversation's sampling with this preset's keys in place of its own."""
+        """A conversation's sampling with this preset's keys in place of its own (its MCP
+        servers too, where the preset chose them)."""
         kept = {k: v for k, v in sampling.items() if k not in PRESET_KEYS}
         return {**kept, **self.sampling}
 
@@ -103,7 +113,7 @@ def save_preset(
         raise PresetError(f"A preset name can be at most {NAME_LIMIT} characters.")
     if any(p.name.casefold() == name.casefold() for p in BUILTIN):
         raise PresetError(f"“{name}” is a built-in preset. Choose another name.")
-    kept = {k: sampling[k] for k in PRESET_KEYS if k in sampling}
+    kept = {k: sampling[k] for k in (*PRESET_KEYS, TOOLS_KEY) if k in sampling}
     preset = Preset(name, system_prompt or None, kept)
     user = _user_presets(path)
     user = {k: p for k, p in user.items() if k.casefold() != name.casefold()}
@@ -137,7 +147,7 @@ PRESETS_FILE = Stored(
                     {
                         "name": Value(lambda v: text(v) and bool(v.strip()), "a name"),
                         "system_prompt": Value(text_or_none, "a prompt or null"),
-                        "sampling": Fields(_SAMPLING),
+                        "sampling": Fields(_STORED),
                     },
                     required=("name", "sampling"),
                 )

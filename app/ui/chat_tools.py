@@ -30,6 +30,7 @@ from app.conversations import Conversation, Message
 from app.mcp import config, trust
 from app.mcp.client import ServerState
 from app.mcp.pool import Pool
+from app.presets import TOOLS_KEY
 from app.session import ChatSession, OnStart, OnToken
 from app.settings import Settings
 from app.tool_loop import (
@@ -45,7 +46,7 @@ from app.tool_loop import (
 from app.toolcalls.tools import ToolCall
 from app.ui import approval
 
-SERVERS_KEY = "mcp_servers"  # in a conversation's settings (its sampling dict)
+SERVERS_KEY = TOOLS_KEY  # in a conversation's settings (its sampling dict), presets carry it
 
 WAITING = "waiting for approval"
 ENDED_WORDS = ("done", "failed", "denied", "cancelled")  # as the loop stores a call's end

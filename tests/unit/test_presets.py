@@ -68,3 +68,16 @@ def test_applying_sets_the_preset_keys_keeps_the_others_and_matching_reads_defau
     assert default.applied_to(mine) == {"seed": 42, "max_tokens": 99, "reasoning": True}
     assert default.matches(None, {"temperature": 0.7, "seed": 1})  # the defaults, spelled out
     assert not default.matches("", {"temperature": 0.8})
+
+
+def test_a_preset_carries_the_conversations_mcp_servers_where_it_chose_them() -> None:
+    """Saved from a conversation that chose its MCP servers, a preset sets them when applied
+    (and reads back from presets.json); one saved without a choice keeps the conversation's.
+    Tools never make a conversation stop matching its preset."""
+    chose = save_preset("Offline", None, {"temperature": 0.3, "mcp_servers": []})
+    either = save_preset("Plain", None, {"temperature": 0.3})
+    loaded = {p.name: p for p in load_presets()}
+    assert loaded["Offline"].sampling == {"temperature": 0.3, "mcp_servers": []}
+    assert loaded["Offline"].applied_to({"mcp_servers": ["git"]})["mcp_servers"] == []
+    assert either.applied_to({"mcp_servers": ["git"]})["mcp_servers"] == ["git"]
+    assert chose.matches(None, {"temperature": 0.3, "mcp_servers": ["time"]})
