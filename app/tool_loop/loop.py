@@ -193,6 +193,45 @@ class ToolLoop:
                 )
             return await self._rounds(conversation, leaf, on_token, on_start)
 
+    async def regenerate(
+        self,
+        reply_id: str,
+        *,
+        on_token: OnToken | None = None,
+        on_start: OnStart | None = None,
+    ) -> ToolTurn:
+        """A new reply beside `reply_id`, to the same message (the person's, or a call's
+        result), and rounds on from it; the old reply and what followed it stay a branch."""
+        store = self.session.store
+        old = store.get_message(reply_id)
+        if old.role != "assistant" or old.parent_id is None:
+            raise ToolLoopError("Only a reply can be regenerated.")
+        async with self.session.hold_turn(old.conversation_id) as conversation:
+            at = store.get_message(old.parent_id)
+            return await self._rounds(conversation, at, on_token, on_start)
+
+    async def edit(
+        self,
+        user_message_id: str,
+        text: str,
+        *,
+        on_token: OnToken | None = None,
+        on_start: OnStart | None = None,
+    ) -> ToolTurn:
+        """Edit-and-resend: a new message of the person's beside the old one (its files
+        kept), then rounds until the model answers."""
+        store = self.session.store
+        old = store.get_message(user_message_id)
+        if old.role != "user":
+            raise ToolLoopError("Only your own messages can be edited.")
+        if not text.strip():
+            raise EmptyMessageError()
+        async with self.session.hold_turn(old.conversation_id) as conversation:
+            user = store.add_message(
+                conversation.id, old.parent_id, "user", text, attachments=old.attachments
+            )
+            return await self._rounds(conversation, user, on_token, on_start)
+
     async def _rounds(
         self,
         conversation: Conversation,

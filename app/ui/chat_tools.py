@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
@@ -176,6 +177,16 @@ class ChatTools(QObject):
         """Go on with the conversation's tool turn (after a crash, a kill or a cancel)."""
         loop = self._loop(conversation_id)
         return await loop.resume(conversation_id, on_token=on_token, on_start=on_start)
+
+    async def regenerate(self, conversation_id: str, reply_id: str, **kw: Any) -> ToolTurn:
+        """A new reply beside `reply_id`, and rounds on from it."""
+        return await self._loop(conversation_id).regenerate(reply_id, **kw)
+
+    async def edit(
+        self, conversation_id: str, user_message_id: str, text: str, **kw: Any
+    ) -> ToolTurn:
+        """The person's message edited and sent again, then rounds until an answer."""
+        return await self._loop(conversation_id).edit(user_message_id, text, **kw)
 
     def _loop(self, conversation_id: str) -> ToolLoop:
         self.rounds, self._waiting, self.conversation_id = [], {}, conversation_id

@@ -209,12 +209,8 @@ class MainWindow(QMainWindow):
         self.composer.stop_requested.connect(self.stop)
         self.composer.draft_changed.connect(self._draft_changed)
         self.composer.draft_settled.connect(self._save_draft)
-        self.chat.edit_requested.connect(
-            lambda mid, text: self.spawn(self.run_turn(self.session.edit, mid, text))
-        )
-        self.chat.regenerate_requested.connect(
-            lambda mid: self.spawn(self.run_turn(self.session.regenerate, mid))
-        )
+        self.chat.edit_requested.connect(lambda mid, text: self.spawn(self.edit(mid, text)))
+        self.chat.regenerate_requested.connect(lambda mid: self.spawn(self.regenerate(mid)))
         self.chat.continue_requested.connect(self.continue_reply)
         self.tools.call_changed.connect(self._call_changed)
         self.tools.round_done.connect(lambda _round: self._round_done())
@@ -548,7 +544,29 @@ class MainWindow(QMainWindow):
         path = self.store.current_path(self.conversation_id)
         replies = [m for m in path if m.role == "assistant"]
         if replies:
-            self.spawn(self.run_turn(self.session.regenerate, replies[-1].id))
+            self.spawn(self.regenerate(replies[-1].id))
+
+    async def regenerate(self, reply_id: str) -> TurnResult | None:
+        """A new reply beside `reply_id`: through the tool loop in a conversation with
+        tools (the model may call them again), else a plain reply."""
+        conversation_id = self.conversation_id
+        if conversation_id is not None and self.tools.servers_for(conversation_id) is not None:
+            return await self.run_turn(
+                lambda **kw: self._tool_turn(self.tools.regenerate(conversation_id, reply_id, **kw))
+            )
+        return await self.run_turn(self.session.regenerate, reply_id)
+
+    async def edit(self, user_message_id: str, text: str) -> TurnResult | None:
+        """The person's message edited and sent again, through the tool loop where the
+        conversation has tools."""
+        conversation_id = self.conversation_id
+        if conversation_id is not None and self.tools.servers_for(conversation_id) is not None:
+            return await self.run_turn(
+                lambda **kw: self._tool_turn(
+                    self.tools.edit(conversation_id, user_message_id, text, **kw)
+                )
+            )
+        return await self.run_turn(self.session.edit, user_message_id, text)
 
     # -- engine, theme, settings --
 

@@ -230,3 +230,30 @@ def test_denied_and_failed_calls_reach_the_model_in_words_and_the_rounds_limit_h
     assert turn.stopped is not None and "2 rounds" in turn.stopped and len(turn.replies) == 2
     ends = [e.phase for e in events if isinstance(e, CallProgress) and e.phase != "running"]
     assert ends == ["started", "denied", "started", "failed"]
+
+
+def test_regenerate_and_edit_run_through_the_loop(
+    store: ConversationStore, engine_here: Engine
+) -> None:
+    """Regenerating a reply of a tool turn, or editing the question, runs the loop again
+    from there: calls made and answered anew, the old branch kept beside the new one."""
+    loop = ToolLoop(
+        ChatSession(store, engine_here.client),
+        _weather_runner(),
+        choice=lambda n: "weather" if n == 1 else "none",
+    )
+    conversation = store.create_conversation(sampling=SAMPLING)
+    engine_here.run(loop.send(conversation.id, QUESTION))
+    user, called, result, answer = _path(store, conversation.id)
+    assert called.tool_calls and result.role == "tool" and not answer.tool_calls
+
+    engine_here.run(loop.regenerate(called.id))
+    same_user, again, again_result, again_answer = _path(store, conversation.id)
+    assert same_user.id == user.id and again.id != called.id and again.tool_calls
+    assert called.id in [m.id for m in store.siblings(again.id)[0]]
+    assert again_result.tool_call_id == again.tool_calls[0].id and again_answer.role == "assistant"
+
+    engine_here.run(loop.edit(user.id, "What is the weather in Oslo?"))
+    edited, edited_call, edited_result, _ = _path(store, conversation.id)
+    assert edited.id != user.id and edited.content == "What is the weather in Oslo?"
+    assert edited_call.tool_calls and edited_result.role == "tool"

@@ -258,3 +258,12 @@ def test_the_rounds_setting_stops_a_turn_that_continue_goes_on_with(harness: Har
     assert path[:5] == stopped
     assert [m.role for m in path[5:]] == ["assistant", "tool", "assistant"]
     assert path[-1].status == "complete" and not path[-1].tool_calls
+    # Regenerate on the answer goes through the loop too: a new answer beside it, from the
+    # same prompt (tools in it), so the engine reuses all of that prompt it holds.
+    answer = path[-1]
+    harness.act(window.regenerate_last)
+    harness.turn()
+    again = _path(window)
+    assert again[:-1] == path[:-1] and again[-1].id != answer.id
+    assert answer.id in [m.id for m in window.store.siblings(again[-1].id)[0]]
+    assert again[-1].stats["reused_tokens"] >= answer.stats["prompt_tokens"] - 1
