@@ -1,6 +1,7 @@
 """`stoke chat` with MCP tools: the real stdio test server (tests/mcp_server.py) in mcp.json,
-the real engine on the default model, the real store. SmolLM2 would not call a tool by itself,
-so the first round is forced to `pid` with `--tool-choice` (the grammar the API server forces
+the real engine on the tests' tiny chat model (what is proven is the approval and the calls,
+not the model's words), the real store. The model would not call a tool by itself, so the
+first round is forced to `pid` with `--tool-choice` (the grammar the API server forces
 `tool_choice` with); `--max-rounds 1` ends the turn after that call's result is stored.
 Answers are fed on standard input (a pipe) or typed on a terminal (a pty).
 """
@@ -22,8 +23,9 @@ FORCED = ("--tool-choice", "pid", "--max-rounds", "1", "--temperature", "0")
 ASKED = "Allow? [y]es / [a]lways / [n]o:"
 
 
-def _one_turn(home: Path, answers: str, *extra: str) -> tuple[int, str, str]:
-    done = stoke(home, "chat", "-m", "What is your process id?", *FORCED, *extra, stdin=answers)
+def _one_turn(home: Path, model: str, answers: str, *extra: str) -> tuple[int, str, str]:
+    asked = ("chat", "--model", model, "-m", "What is your process id?", *FORCED, *extra)
+    done = stoke(home, *asked, stdin=answers)
     return done.returncode, done.stdout, done.stderr
 
 
@@ -36,11 +38,13 @@ def _results() -> list[Message]:
         return found
 
 
-def test_a_call_runs_when_allowed_and_the_model_reads_why_when_denied(stoke_home: Path) -> None:
+def test_a_call_runs_when_allowed_and_the_model_reads_why_when_denied(
+    stoke_home: Path, tiny_model: str
+) -> None:
     config.add_server(tiny(env={"STOKE_TEST_TOKEN": SECRET}))
 
-    allowed = _one_turn(stoke_home, "y\n")
-    denied = _one_turn(stoke_home, "n\nnot on a Sunday\n")
+    allowed = _one_turn(stoke_home, tiny_model, "y\n")
+    denied = _one_turn(stoke_home, tiny_model, "n\nnot on a Sunday\n")
 
     for _, _, errors in (allowed, denied):
         assert "tiny › pid {}" in errors and ASKED in errors
@@ -54,18 +58,19 @@ def test_a_call_runs_when_allowed_and_the_model_reads_why_when_denied(stoke_home
 
 
 def test_json_without_a_terminal_denies_until_always_allowed_on_a_terminal(
-    stoke_home: Path,
+    stoke_home: Path, tiny_model: str
 ) -> None:
     config.add_server(tiny())
 
-    code, out, errors = _one_turn(stoke_home, "y\n", "--json")  # the pipe's y is not asked for
+    # the pipe's y is not asked for
+    code, out, errors = _one_turn(stoke_home, tiny_model, "y\n", "--json")
     answer = json.loads(out)
     (call,) = answer["tool_calls"]
     assert (call["server"], call["tool"], call["state"]) == ("tiny", "pid", "denied")
     assert call["result"].endswith(NO_TERMINAL) and ASKED not in errors
     assert answer["stopped"] and code == 1  # the rounds limit: the model never answered
 
-    term = Terminal("chat", "--new", *FORCED, "--max-tokens", "60")
+    term = Terminal("chat", "--model", tiny_model, "--new", *FORCED, "--max-tokens", "60")
     try:
         term.wait_for("/help for commands.")
         term.type("What is your process id?")
@@ -79,7 +84,7 @@ def test_json_without_a_terminal_denies_until_always_allowed_on_a_terminal(
             term.process.kill()
     assert config.load().server("tiny").always_allow == ("pid",)
 
-    code, out, errors = _one_turn(stoke_home, "", "--json")
+    code, out, errors = _one_turn(stoke_home, tiny_model, "", "--json")
     (call,) = json.loads(out)["tool_calls"]
     assert call["state"] == "done" and call["result"].isdigit() and ASKED not in errors
     assert [m.finish_reason for m in _results()] == ["denied", "done", "done"]
