@@ -32,7 +32,7 @@ from app.mcp import config, trust
 from app.mcp.client import ServerState
 from app.mcp.pool import Pool
 from app.presets import TOOLS_KEY
-from app.session import ChatSession, OnStart, OnToken
+from app.session import ChatSession
 from app.settings import Settings
 from app.tool_loop import (
     CallProgress,
@@ -152,31 +152,14 @@ class ChatTools(QObject):
 
     # -- turns --
 
-    async def send(
-        self,
-        conversation_id: str,
-        text: str,
-        *,
-        attachments: list[dict] | None = None,
-        on_token: OnToken | None = None,
-        on_start: OnStart | None = None,
-    ) -> ToolTurn:
-        """The user's message, then rounds until the model answers without a call."""
-        loop = self._loop(conversation_id)
-        return await loop.send(
-            conversation_id, text, attachments=attachments, on_token=on_token, on_start=on_start
-        )
+    async def send(self, conversation_id: str, text: str, **kw: Any) -> ToolTurn:
+        """The user's message (`attachments`, `on_token`, `on_start` as ToolLoop.send takes
+        them), then rounds until the model answers without a call."""
+        return await self._loop(conversation_id).send(conversation_id, text, **kw)
 
-    async def resume(
-        self,
-        conversation_id: str,
-        *,
-        on_token: OnToken | None = None,
-        on_start: OnStart | None = None,
-    ) -> ToolTurn:
+    async def resume(self, conversation_id: str, **kw: Any) -> ToolTurn:
         """Go on with the conversation's tool turn (after a crash, a kill or a cancel)."""
-        loop = self._loop(conversation_id)
-        return await loop.resume(conversation_id, on_token=on_token, on_start=on_start)
+        return await self._loop(conversation_id).resume(conversation_id, **kw)
 
     async def regenerate(self, conversation_id: str, reply_id: str, **kw: Any) -> ToolTurn:
         """A new reply beside `reply_id`, and rounds on from it."""
