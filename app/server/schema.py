@@ -156,6 +156,12 @@ def _chat(body: Mapping[str, Any]) -> ChatRequest:
         )
     for i, message in enumerate(messages):
         before = messages[i - 1] if i else None
+        if message.role == "assistant" and (before is None or before.role == "assistant"):
+            raise _invalid(
+                f"messages[{i}].role",
+                f"messages[{i}] is the assistant's with no message of the user's (or a tool "
+                "result) before it to answer; the chat template cannot write that.",
+            )
         if message.role == "tool" and not (
             before is not None and (before.role == "tool" or before.tool_calls)
         ):

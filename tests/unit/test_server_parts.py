@@ -199,3 +199,24 @@ def test_chat_prompts_extend_the_last_transcript_and_use_exact_reply_ids() -> No
         history += [Message("assistant", text), Message("user", f"Next {turn}?")]
         following = prompts.build(history, template, info, vocab)
         assert following[: len(prompt) + len(sampled)] == prompt + sampled
+
+
+def test_an_assistant_message_with_nothing_to_answer_is_refused_in_words() -> None:
+    """The chat template can only write a reply after a message it answers: an assistant
+    message first, or after another reply, is a 400 naming it (it was a 500)."""
+    for history, where in (
+        ([{"role": "assistant", "content": ""}, {"role": "user", "content": "Hi"}], 0),
+        (
+            [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Yes."},
+                {"role": "assistant", "content": ""},
+                {"role": "user", "content": "Go on."},
+            ],
+            2,
+        ),
+    ):
+        with pytest.raises(ApiError) as caught:
+            parse_chat({"model": "m", "messages": history})
+        assert caught.value.param == f"messages[{where}].role"
+        assert "nothing" not in caught.value.message and "assistant's" in caught.value.message
