@@ -79,7 +79,7 @@ def test_the_api_reports_the_drafts_in_timings_not_as_prediction_tokens(
         chunks = list(
             client.chat.completions.create(
                 model=server.model,
-                messages=[{"role": "user", "content": EDIT + "\nThanks."}],
+                messages=messages,  # the same greedy reply, so the same repeats to draft from
                 max_tokens=120,
                 temperature=0,
                 stream=True,
