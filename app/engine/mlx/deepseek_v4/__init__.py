@@ -135,9 +135,13 @@ class Attention(nn.Module):
         cache.raw.append(kv)
         first = max(cache.start, offset - self.window + 1)
         keys = [cache.raw.view(first - cache.start, offset + n_q - cache.start)]
-        q_pos = mx.arange(offset, offset + n_q)[:, None]
-        k_pos = mx.arange(first, offset + n_q)[None]
-        masks = [(k_pos <= q_pos) & (q_pos - k_pos < self.window)]
+        # One query (decode) sees every key it is given: its window and every completed row.
+        masked = n_q > 1
+        masks = []
+        if masked:
+            q_pos = mx.arange(offset, offset + n_q)[:, None]
+            k_pos = mx.arange(first, offset + n_q)[None]
+            masks.append((k_pos <= q_pos) & (q_pos - k_pos < self.window))
         sinks = self.attn_sink.astype(q.dtype)
         scale = self.head_dim**-0.5
         picked = None
@@ -148,13 +152,19 @@ class Attention(nn.Module):
                 picked = self.indexer(x, qr, cache, n_visible)
             if rows.shape[0] and picked is None:
                 keys.append(rows)
-                masks.append(mx.arange(rows.shape[0])[None] < n_visible[:, None])
-        k = mx.concatenate(keys).astype(q.dtype)
-        mask = mx.concatenate(masks, axis=1)
+                if masked:
+                    masks.append(mx.arange(rows.shape[0])[None] < n_visible[:, None])
+        k = mx.concatenate(keys).astype(q.dtype) if len(keys) > 1 else keys[0].astype(q.dtype)
+        mask = mx.concatenate(masks, axis=1) if masked else None
         if picked is None:
             k = k[None, None]
             out = mx.fast.scaled_dot_product_attention(
-                q[None], k, k, scale=scale, mask=mask[None, None], sinks=sinks
+                q[None],
+                k,
+                k,
+                scale=scale,
+                mask=None if mask is None else mask[None, None],
+                sinks=sinks,
             )[0]
         else:
             out = _window_and_picked_attention(
@@ -168,7 +178,7 @@ class Attention(nn.Module):
 def _window_and_picked_attention(
     q: mx.array,
     window: mx.array,
-    window_mask: mx.array,
+    window_mask: mx.array | None,
     rows: mx.array,
     picked: mx.array,
     sinks: mx.array,
@@ -184,7 +194,9 @@ def _window_and_picked_attention(
     of a long prompt's scores is made."""
     chosen = rows[mx.maximum(picked, 0)]  # [L, k, D]
     q = q * scale
-    raw = mx.where(window_mask[None], q @ window.T, -mx.inf)  # [H, L, S]
+    raw = q @ window.T  # [H, L, S]
+    if window_mask is not None:
+        raw = mx.where(window_mask[None], raw, -mx.inf)
     sparse = q.swapaxes(0, 1) @ chosen.swapaxes(1, 2)  # [L, H, k]
     sparse = mx.where((picked >= 0)[:, None, :], sparse, -mx.inf).swapaxes(0, 1)
     p_raw, p_sparse = _split_softmax(raw, sparse, sinks)

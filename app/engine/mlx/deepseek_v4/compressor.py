@@ -34,9 +34,12 @@ class Compressor(nn.Module):
         state = cache.compressor(name, r, self.wkv.weight.shape[0])
         offset, n_new = cache.offset, x.shape[0]
         end = offset + n_new
-        positions = mx.arange(offset, end) % r
+        if n_new == 1:  # decode: one position's bias, sliced rather than gathered
+            ape = self.ape[offset % r : offset % r + 1]
+        else:
+            ape = self.ape[mx.arange(offset, end) % r]
         kv = self.wkv(x).astype(mx.float32)
-        score = self.wgate(x).astype(mx.float32) + self.ape[positions].astype(mx.float32)
+        score = self.wgate(x).astype(mx.float32) + ape.astype(mx.float32)
         p = state.pending
         all_kv = mx.concatenate([p.kv, kv])
         all_score = mx.concatenate([p.score, score])

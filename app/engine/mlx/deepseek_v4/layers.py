@@ -61,27 +61,37 @@ class RoPE:
             # DeepSeek V4 passes attn_factor = 1 / (1 + 0.1 ln(1/s)); YaRN multiplies it back.
             gain = np.float32(1.0) + np.float32(0.1) * np.log(np.float32(1.0) / freq_scale)
             self.mscale = float(np.float32(np.float32(1.0) / gain) * gain)
-        self._wavelengths = mx.array(1.0 / theta.astype(np.float32))
+        self._wavelengths = 1.0 / theta.astype(np.float32)
+        self._padded: dict[int, tuple[mx.array, mx.array | None]] = {}
+
+    def _for_width(self, width: int) -> tuple[mx.array, mx.array | None]:
+        """Wavelengths for all `width` channels, infinite (angle 0: left exactly as they are)
+        on the leading ones, and YaRN's magnitude per channel where it is not 1: one rope
+        call over the whole row instead of slicing it apart and joining it again."""
+        if width not in self._padded:
+            still = np.full((width - self.dims) // 2, np.inf, np.float32)
+            gains = None
+            if self.mscale != 1.0:
+                gains = mx.array(np.r_[np.ones(width - self.dims), np.full(self.dims, self.mscale)])
+            self._padded[width] = (mx.array(np.r_[still, self._wavelengths]), gains)
+        return self._padded[width]
 
     def __call__(
         self, x: mx.array, offset: int, stride: int = 1, inverse: bool = False
     ) -> mx.array:
         """Rotate `x[..., T, D]` as if its T rows sat at offset, offset+stride, ...; `inverse`
         undoes a rotation (ggml_rope_ext_back)."""
-        nope, rot = x[..., : -self.dims], x[..., -self.dims :]
-        freqs = -self._wavelengths if inverse else self._wavelengths
-        rot = mx.fast.rope(
-            rot,
-            self.dims,
+        wavelengths, gains = self._for_width(x.shape[-1])
+        out = mx.fast.rope(
+            x,
+            x.shape[-1],
             traditional=True,
             base=None,
             scale=float(stride),
             offset=offset // stride,
-            freqs=freqs,
+            freqs=-wavelengths if inverse else wavelengths,
         )
-        if self.mscale != 1.0:
-            rot = rot * self.mscale
-        return mx.concatenate([nope, rot.astype(x.dtype)], axis=-1)
+        return out if gains is None else (out * gains).astype(x.dtype)
 
 
 def yarn(args: ModelArgs) -> dict[str, Any] | None:
