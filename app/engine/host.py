@@ -343,6 +343,12 @@ class EngineClient:
         """One L2-normalised vector per input's tokens (a GGUF model on llama.cpp)."""
         return await self._call("embed", ([list(t) for t in inputs],), priority=Priority.USER)
 
+    async def image_run(self, data: bytes) -> list[int]:
+        """The ids a prompt holds for an image file's bytes (engine/images.py), registered
+        with the model's projector; EngineError in words for a model that reads no images or
+        a file that is not a usable image."""
+        return await self._call("image_run", (data,), priority=Priority.USER)
+
     async def snapshot(
         self, slot: str, *, priority: Priority = Priority.BACKGROUND, wait: bool = False
     ) -> int:

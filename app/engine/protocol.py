@@ -110,6 +110,9 @@ class LoadOptions:
     # llama.cpp: the attention a speculative context gets (batches equal one-token decodes,
     # engine/llamacpp/backend.py exact_attention) with speculation off: its plain twin.
     exact_batches: bool = False
+    # llama.cpp: a vision model's projector (mmproj GGUF); None: the one beside the model, if
+    # any (engine/llamacpp/vision.py find_projector).
+    mmproj: str | None = None
 
 
 # The smallest context a local load accepts. llama.cpp gives each conversation its context in
@@ -180,6 +183,7 @@ class ModelInfo:
     eog_ids: tuple[int, ...]  # end-of-generation tokens (end of turn, eos)
     backend: str
     size_bytes: int
+    projector: str | None = None  # the vision projector loaded with it: it reads images
 
 
 @dataclass(frozen=True)

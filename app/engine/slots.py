@@ -29,6 +29,7 @@ import numpy as np
 
 from app.engine.draft_model import drafters_for
 from app.engine.drafting import Drafter
+from app.engine.images import has_images, is_image, run_start
 from app.engine.kvstore import KVStore, common_prefix
 from app.engine.model_file import weights_id
 from app.engine.protocol import (
@@ -305,15 +306,22 @@ class SlotEngine(Generic[S]):
         live = self._share_live_prefix(slot, tokens, own)
         restored = self._restore(slot, tokens, live)
         keep = min(common_prefix(slot.tokens, tokens), len(tokens) - 1)  # last gives logits
+        keep = run_start(tokens, keep)  # never through an image (engine/images.py)
         keep = self._clear(slot, keep) if keep < len(slot.tokens) else keep
         tail = list(tokens[keep:])
         self._make_room(slot, len(tail))
         n_batch = max(min(self._options.n_batch, chunk or self._options.n_batch), 1)
-        for start in range(0, len(tail), n_batch):
+        start = 0
+        while start < len(tail):
             if cancel is not None and cancel.cancelled:
                 break
-            piece = tail[start : start + n_batch]
-            self._forward(slot, piece, want_logits=start + len(piece) == len(tail))
+            end = min(start + n_batch, len(tail))
+            if end < len(tail) and run_start(tail, end) > start:
+                end = run_start(tail, end)  # an image's run goes whole into the next piece
+            elif end < len(tail) and is_image(tail[end]) and tail[end - 1] == tail[end]:
+                end = _run_end(tail, start)  # a run longer than a piece: alone, whole
+            self._forward(slot, tail[start:end], want_logits=end == len(tail))
+            start = end
             if progress is not None:
                 progress(PrefillProgress(len(slot.tokens), len(tokens)))
         return keep, keep if restored else 0, len(slot.tokens) - keep
@@ -363,7 +371,9 @@ class SlotEngine(Generic[S]):
         reused, restored, prefilled = self._sync(held, tokens, cancel, progress, prefill_chunk)
         prefill_s = time.perf_counter() - start
         text = self._text_stream()
-        decoder = Decoder(self, self._draw(sampling, tokens), sampling, slot, self._drafters)
+        # a draft model or MTP head reads no image: with one in the prompt, lookup drafts alone
+        drafters = [d for d in self._drafters if d.free] if has_images(tokens) else self._drafters
+        decoder = Decoder(self, self._draw(sampling, tokens), sampling, slot, drafters)
         decoder.pace = self._pace
         generated = 0
         first_at = last_at = None
@@ -402,3 +412,11 @@ class SlotEngine(Generic[S]):
             drafted_tokens=decoder.counts.drafted,
             accepted_tokens=decoder.counts.accepted,
         )
+
+
+def _run_end(tokens: Sequence[int], start: int) -> int:
+    """Where the image run starting at `start` ends."""
+    end = start
+    while end < len(tokens) and tokens[end] == tokens[start]:
+        end += 1
+    return end

@@ -41,6 +41,7 @@ import numpy as np
 
 from app.engine.acceptance import accept, biased, draw, greedy_token, target_probs
 from app.engine.drafting import Drafter
+from app.engine.images import text_only
 from app.engine.logprobs import NO_SCORES, Scores
 from app.engine.protocol import ContextOverflowError, SamplingParams
 from app.engine.runtime import Draw, Slot, SlotRuntime
@@ -198,7 +199,8 @@ class Decoder:
         exact = self._exact()
         for index, drafter in enumerate(self._drafters):
             if drafter.free:  # proposing costs nothing: its band picks the odds to go by
-                drafts = drafter.propose(self.name, history, MAX_DRAFT.get(drafter.name, 8))
+                limit = MAX_DRAFT.get(drafter.name, 8)
+                drafts = text_only(drafter.propose(self.name, history, limit))
                 odds = self._record(index, drafter.band())
                 k = min(odds.length(self.pace, room), len(drafts))
                 k = self.budget.affordable(k, self.pace, 0.0, exact)

@@ -24,6 +24,7 @@ from typing import Literal, Protocol
 from app.engine.chat_template import ChatTemplate, TemplateError
 
 Role = Literal["system", "user", "assistant", "tool"]
+IMAGE_MARK = "\ufffc"  # where an image stands in a message's text (Unicode's object mark)
 
 
 class Tokenizer(Protocol):
@@ -39,6 +40,23 @@ class Turn:
     tokens: tuple[int, ...] | None = None
     fingerprint: str | None = None
     fields: tuple[tuple[str, str], ...] = ()  # more for the template: a tool result's call id
+    # A message's images, in order: each one's ids (the engine's `image_run`), standing where
+    # IMAGE_MARK stands in `text`.
+    images: tuple[tuple[int, ...], ...] = ()
+
+    def content_tokens(self, tokenizer: Tokenizer) -> tuple[int, ...]:
+        """The message's content as the prompt holds it: its text, with each image's run
+        where its mark stands."""
+        if not self.images:
+            return tuple(tokenizer.tokenize(self.text))
+        pieces = self.text.split(IMAGE_MARK)
+        if len(pieces) != len(self.images) + 1:
+            raise ValueError("a message's image marks and its images must agree")
+        ids: list[int] = []
+        for piece, run in zip(pieces, (*self.images, ()), strict=True):
+            ids += tokenizer.tokenize(piece) if piece else []
+            ids += run
+        return tuple(ids)
 
 
 @dataclass(frozen=True)
@@ -79,7 +97,7 @@ class Transcript:
             if turn.role == "assistant":
                 transcript.add_reply(turn.text, turn.tokens, turn.fingerprint)
             else:
-                transcript.add_message(turn.role, turn.text, turn.fields)
+                transcript.add_message(turn.role, turn.text, turn.fields, turn.images)
         return transcript
 
     @property
@@ -87,11 +105,18 @@ class Transcript:
         """The history's tokens: through the last reply, then any messages since."""
         return [t for segment in (*self.segments, *self._open) for t in segment.tokens]
 
-    def add_message(self, role: Role, text: str, fields: tuple[tuple[str, str], ...] = ()) -> None:
-        """Record a system, user or tool message; its tokens come with the next prompt()."""
+    def add_message(
+        self,
+        role: Role,
+        text: str,
+        fields: tuple[tuple[str, str], ...] = (),
+        images: tuple[tuple[int, ...], ...] = (),
+    ) -> None:
+        """Record a system, user or tool message (with its images' runs, `Turn.images`); its
+        tokens come with the next prompt()."""
         if role == "assistant":
             raise ValueError("use add_reply for assistant turns")
-        self.turns.append(Turn(role, text, fields=fields))
+        self.turns.append(Turn(role, text, fields=fields, images=images))
 
     def prompt(self) -> list[int]:
         """The tokens to send for the next reply: history plus the generation prompt."""
@@ -192,5 +217,5 @@ class Transcript:
             turn = self.turns[int(part)]
             if turn.role == "assistant":
                 raise TemplateError("the chat template moved an earlier reply")
-            segments.append(Segment(turn.role, tuple(self.tokenizer.tokenize(turn.text))))
+            segments.append(Segment(turn.role, turn.content_tokens(self.tokenizer)))
         return segments

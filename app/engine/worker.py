@@ -21,6 +21,7 @@ from enum import IntEnum, StrEnum
 from multiprocessing.connection import Connection
 from typing import Any
 
+from app.engine.images import no_vision
 from app.engine.llamacpp.openmp import spin_briefly
 from app.engine.protocol import (
     CancelToken,
@@ -204,6 +205,8 @@ class _Child:
                     "This model's engine does not make embeddings: a GGUF model on llama.cpp "
                     "does (MLX models and remote servers do not, here)."
                 )
+            elif method == "image_run" and not hasattr(self.engine, "image_run"):
+                raise EngineError(no_vision(self.engine.info))
             else:
                 result = getattr(self.engine, method)(*args, **kwargs)
         except Exception as exc:  # every failure travels back to the caller as words

@@ -32,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from app.engine.protocol import EngineError
+from app.engine.transcript import IMAGE_MARK
 from app.server.errors import ApiError, Shape, invalid
 from app.server.http import engine_error
 from app.server.replies import Reply, finish_reason
@@ -113,6 +114,17 @@ def _text_of(where: str, blocks: list) -> list[str]:
     return texts
 
 
+def _image_url(where: str, source: Any) -> str:
+    """An image block's source as a data URL (base64 sources; Stoke fetches no URL)."""
+    if not isinstance(source, Mapping) or source.get("type") != "base64":
+        raise invalid(
+            f"{where}.source",
+            f"{where} must carry its image as a base64 source; this server fetches nothing.",
+        )
+    media = str(source.get("media_type", "image/png"))
+    return f"data:{media};base64,{source.get('data', '')}"
+
+
 def _message(index: int, raw: Any) -> list[dict[str, Any]]:
     where = f"messages[{index}]"
     role = raw.get("role") if isinstance(raw, Mapping) else None
@@ -122,11 +134,15 @@ def _message(index: int, raw: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     texts, thinking, calls, results = [], [], [], []
+    images: list[tuple[int, str]] = []  # (where among texts, its data URL)
     for j, block in enumerate(_list(f"{where}.content", content)):
         kind = block.get("type") if isinstance(block, Mapping) else None
         at = f"{where}.content[{j}]"
         if kind == "text":
             texts.append(str(block.get("text", "")))
+        elif kind == "image" and role == "user":
+            images.append((len(texts), _image_url(at, block.get("source"))))
+            texts.append(IMAGE_MARK)
         elif kind == "thinking" and role == "assistant":
             thinking.append(str(block.get("thinking", "")))
         elif kind == "redacted_thinking":
@@ -149,9 +165,18 @@ def _message(index: int, raw: Any) -> list[dict[str, Any]]:
         else:
             raise invalid(
                 at,
-                f"{at} is a {kind!r} block; Stoke takes text, thinking, tool_use and "
-                "tool_result blocks.",
+                f"{at} is a {kind!r} block; Stoke takes text, image, thinking, tool_use "
+                "and tool_result blocks.",
             )
+    if role == "user" and images:
+        urls = dict(images)
+        parts = [
+            {"type": "image_url", "image_url": {"url": urls[i]}}
+            if i in urls
+            else {"type": "text", "text": text}
+            for i, text in enumerate(texts)
+        ]
+        return [*results, {"role": "user", "content": parts}]
     if role == "user":
         return results + ([{"role": "user", "content": "\n".join(texts)}] if texts else [])
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}

@@ -265,14 +265,24 @@ def _common(body: Mapping[str, Any], model_id: str) -> dict[str, Any]:
 
 
 def _message(index: int, raw: Any) -> dict[str, Any]:
-    """An Ollama message as an OpenAI one: images refused in words, tool calls' arguments
-    (objects in Ollama's API) as JSON text, a tool result's name kept."""
+    """An Ollama message as an OpenAI one: its images (base64) as image_url parts after the
+    text, tool calls' arguments (objects in Ollama's API) as JSON text, a tool result's name
+    kept."""
     where = f"messages[{index}]"
     if not isinstance(raw, Mapping):
         raise invalid(where, f"{where} must be an object with `role` and `content`.")
-    if raw.get("images"):
-        raise invalid(f"{where}.images", "This server does not take images yet.")
     out: dict[str, Any] = {"role": raw.get("role"), "content": raw.get("content") or ""}
+    images = raw.get("images") or []
+    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+        raise invalid(f"{where}.images", f"{where}.images must be a list of base64 images.")
+    if images:
+        out["content"] = [
+            {"type": "text", "text": out["content"]},
+            *(
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}}
+                for image in images
+            ),
+        ]
     calls = raw.get("tool_calls") or []
     if calls:
         out["tool_calls"] = [

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.engine.chat_template import ChatTemplate
@@ -49,8 +49,10 @@ class ChatPrompts:
         info: ModelInfo,
         tokenizer: Tokenizer,
         syntax: ToolSyntax = FAMILIES["hermes"],
+        images: Mapping[bytes, tuple[int, ...]] | None = None,
     ) -> list[int]:
-        """The prompt tokens for `messages` (the last one not the assistant's)."""
+        """The prompt tokens for `messages` (the last one not the assistant's); `images`:
+        each image's ids (the engine's `image_run`), by the image's bytes."""
         running = hashlib.sha256(repr((template.key, info.fingerprint)).encode())
         keys = []
         for message in messages:
@@ -71,7 +73,8 @@ class ChatPrompts:
             message = messages[i]
             if message.role != "assistant":
                 fields = (("tool_call_id", message.tool_call_id),) if message.tool_call_id else ()
-                transcript.add_message(message.role, message.text, fields)
+                runs = tuple(images[image] for image in message.images) if images else ()
+                transcript.add_message(message.role, message.text, fields, runs)
                 continue
             calls = (
                 calls_key(message.text, [c.canonical() for c in message.tool_calls])

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from aiohttp import web
 from app.engine.chat_template import ChatTemplate, TemplateError
 from app.engine.host import EngineClient, Generation
 from app.engine.prewarm import Prewarmer
-from app.engine.protocol import GenerationStats, ModelInfo, ProgressCallback
+from app.engine.protocol import EngineError, GenerationStats, ModelInfo, ProgressCallback
 from app.engine.remote_wire import WIRE_TEMPLATE
 from app.engine.transcript import Tokenizer
 from app.engine.worker import Priority
@@ -180,9 +180,10 @@ class RequestCore:
             eos_token=info.eos_token,
             variables={**chat.template_variables, **variables},
         )
+        images = await self._image_runs(messages)
         try:
             prompt = self.prompts.build(
-                messages, template, info, self.engine.local_tokenizer(), syntax
+                messages, template, info, self.engine.local_tokenizer(), syntax, images
             ) + self.engine.local_tokenizer().tokenize(start)
             opened = self._opens_reasoning(template)
         except TemplateError as exc:
@@ -190,6 +191,19 @@ class RequestCore:
         tokenizer = self.engine.local_tokenizer()
         params = chat.params if passthrough else constrained(chat, syntax, tokenizer)
         return Job("chat", params, prompt, opened, chat.tools, syntax, tuple(messages)), info
+
+    async def _image_runs(self, messages: Sequence[Message]) -> dict[bytes, tuple[int, ...]]:
+        """Each image of the history as the ids its prompt holds, registered with the model's
+        projector; a model without one, or a file that is not an image, is a 400 in words."""
+        runs: dict[bytes, tuple[int, ...]] = {}
+        for message in messages:
+            for image in message.images:
+                if image not in runs:
+                    try:
+                        runs[image] = tuple(await self.engine.image_run(image))
+                    except EngineError as exc:
+                        raise ApiError(400, str(exc), param="messages") from None
+        return runs
 
     def _opens_reasoning(self, template: ChatTemplate) -> bool:
         """Whether the template's generation prompt ends inside `<think>` (the reply then

@@ -72,18 +72,28 @@ def _items(raw: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def _text(where: str, item: Mapping[str, Any]) -> str:
+def _text(where: str, item: Mapping[str, Any]) -> str | list[dict[str, Any]]:
+    """A message item's content as chat completions take it: text, or text and image_url
+    parts when it holds an `input_image`."""
     content = item.get("content")
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise invalid(f"{where}.content", f"{where}.content must be text or a list of parts.")
-    texts = []
+    parts: list[dict[str, Any]] = []
     for part in content:
-        if not isinstance(part, Mapping) or part.get("type") not in ("input_text", "output_text"):
-            raise invalid(f"{where}.content", f"{where} has a part that is not text.")
-        texts.append(str(part.get("text", "")))
-    return "\n".join(texts)
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in ("input_text", "output_text"):
+            parts.append({"type": "text", "text": str(part.get("text", ""))})
+        elif kind == "input_image":
+            parts.append({"type": "image_url", "image_url": {"url": part.get("image_url")}})
+        else:
+            raise invalid(
+                f"{where}.content", f"{where} has a part that is neither text nor an image."
+            )
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "\n".join(p["text"] for p in parts)
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:

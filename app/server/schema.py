@@ -10,13 +10,16 @@ honoured within their ranges (penalties, logit_bias); fields whose meaning Stoke
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.engine.images import digest
 from app.engine.protocol import SamplingParams
-from app.engine.transcript import Role
+from app.engine.transcript import IMAGE_MARK, Role
 from app.server.constraints import constraint_of
 from app.server.errors import ApiError
 from app.server.errors import invalid as _invalid
@@ -62,11 +65,14 @@ class Message:
     reasoning: str | None = None  # an assistant message's reasoning, as the client sent it
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant message's calls
     tool_call_id: str | None = None  # a tool message's: the call it answers
+    # a user message's images (files' bytes), each standing at an IMAGE_MARK in `text`
+    images: tuple[bytes, ...] = ()
 
     def key(self) -> str:
         """What the message stands for, ids of tool calls left out (clients rewrite them)."""
         calls = [c.canonical() for c in self.tool_calls]
-        return repr((self.role, self.text, self.reasoning, calls, self.tool_call_id))
+        seen = [digest(image) for image in self.images]
+        return repr((self.role, self.text, self.reasoning, calls, self.tool_call_id, seen))
 
 
 @dataclass(frozen=True)
@@ -231,7 +237,9 @@ def _message(index: int, raw: Any) -> Message:
             "user, assistant and tool messages.",
         )
     calls = parse_tool_calls(where, raw.get("tool_calls")) if role == "assistant" else ()
-    text = _content(where, raw.get("content"), allow_none=role == "assistant")
+    text, images = _content(where, raw.get("content"), allow_none=role == "assistant")
+    if images and role != "user":
+        raise _invalid(f"{where}.content", f"{where} has an image; images go in user messages.")
     reasoning = raw.get("reasoning_content", raw.get("reasoning"))
     if reasoning is not None and not isinstance(reasoning, str):
         raise _invalid(f"{where}.reasoning_content", f"{where}'s reasoning must be a string.")
@@ -242,25 +250,53 @@ def _message(index: int, raw: Any) -> Message:
         reasoning if role == "assistant" else None,
         calls,
         call_id if isinstance(call_id, str) else None,
+        images,
     )
 
 
-def _content(where: str, content: Any, *, allow_none: bool) -> str:
+def _content(where: str, content: Any, *, allow_none: bool) -> tuple[str, tuple[bytes, ...]]:
+    """A message's text and its images (each standing at an IMAGE_MARK in the text)."""
     if isinstance(content, str):
-        return content
+        return content, ()
     if content is None and allow_none:
-        return ""
+        return "", ()
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, Mapping) or part.get("type") != "text":
+        texts, images = [], []
+        for i, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind == "text":
+                texts.append(str(part.get("text", "")))
+            elif kind == "image_url":
+                images.append(image_bytes(f"{where}.content[{i}]", part.get("image_url")))
+                texts.append(IMAGE_MARK)
+            else:
                 raise _invalid(
                     f"{where}.content",
-                    f"{where} has a non-text part; this server takes text only.",
+                    f"{where} has a part of type {kind!r}; this server takes text and "
+                    "image_url parts.",
                 )
-            texts.append(str(part.get("text", "")))
-        return "\n".join(texts)
+        return "\n".join(texts), tuple(images)
     raise _invalid(f"{where}.content", f"{where}.content must be a string or a list of parts.")
+
+
+def image_bytes(where: str, image_url: Any) -> bytes:
+    """An `image_url` part's image: a data URL (base64), as OpenAI's clients send files."""
+    url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
+    if not isinstance(url, str) or not url:
+        raise _invalid(where, f"{where}.image_url needs a `url`.")
+    if not url.startswith("data:"):
+        raise _invalid(
+            where,
+            f"{where} is an image by link; this server takes images as data: URLs "
+            "(data:image/png;base64,...) and fetches nothing.",
+        )
+    header, _, data = url.partition(",")
+    if not header.endswith(";base64"):
+        raise _invalid(where, f"{where}'s data URL must be base64 (data:image/png;base64,...).")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise _invalid(where, f"{where}'s data URL is not valid base64.") from None
 
 
 def _params(body: Mapping[str, Any], max_tokens: Any, *, chat: bool) -> GenerationParams:

@@ -132,9 +132,16 @@ def test_wrong_key_and_unknown_blocks_are_refused_in_words(served: ServerThread)
         _client(served).messages.create(
             model=served.model,
             max_tokens=4,
+            messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}],
+        )
+    assert "'document' block" in str(refused.value)
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        _client(served).messages.create(
+            model=served.model,
+            max_tokens=4,
             messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}],
         )
-    assert "'image' block" in str(refused.value)
+    assert "base64 source" in str(refused.value)
     assert _error(refused.value)["type"] == "invalid_request_error"
 
 

@@ -26,17 +26,20 @@ import llama_cpp
 import llguidance
 import numpy as np
 from gguf import GGMLQuantizationType
+from llama_cpp import mtmd_cpp as mtmd
 
 from app import paths
 from app.engine import kvstore
 from app.engine.chat_template import builtin_template
 from app.engine.constraint import Constraint, tokenizer_from_vocab
 from app.engine.gguf_info import inspect_gguf
+from app.engine.images import has_images, is_image, no_vision, open_picture
 from app.engine.llamacpp import cpu_buffers, rpc
 from app.engine.llamacpp.embeddings import Embedder
 from app.engine.llamacpp.handles import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 from app.engine.llamacpp.mtp import LlamaMtpHead, hidden_rows, nextn_api
 from app.engine.llamacpp.overrides import apply_overrides
+from app.engine.llamacpp.vision import Vision, find_projector
 from app.engine.logprobs import NO_SCORES, Scores, scores
 from app.engine.model_file import check_gguf, fingerprint
 from app.engine.mtp import HiddenRows, MtpDrafter
@@ -73,6 +76,8 @@ class _LlamaLog:
         self.lines: deque[str] = deque(maxlen=_LOG_LINES)
         self._callback = llama_cpp.llama_log_callback(self._on_log)
         llama_cpp.llama_log_set(self._callback, ctypes.c_void_p(0))
+        mtmd.mtmd_log_set(self._callback, ctypes.c_void_p(0))  # the vision projector's
+        mtmd.mtmd_helper_log_set(self._callback, ctypes.c_void_p(0))
 
     def _on_log(self, level: int, text: bytes, _user: ctypes.c_void_p) -> None:
         self.lines.append(text.decode("utf-8", "replace"))
@@ -392,6 +397,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
         self._cparams: llama_cpp.llama_context_params | None = None
         self._rollback = 0  # the context's n_rs_seq
         self._embedder: Embedder | None = None  # the embedding context, once asked
+        self._vision: Vision | None = None  # the model's projector, when it has one
 
     # -- loading --------------------------------------------------------------------------
 
@@ -457,6 +463,11 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             self._cparams = cparams
             self._free_seq_ids = list(range(options.n_seq_max))
             self._eog = self._vocab.eog_ids()
+            projector = Path(options.mmproj) if options.mmproj else find_projector(path)
+            if projector is not None:
+                self._vision = Vision(
+                    projector, model.ptr, cparams.n_threads, use_gpu=not all_on_cpu(options)
+                )
             info = self._describe(path, n_ctx_train, self._vocab.n_tokens)
             self._open_drafters(options, info)
             if options.snapshots:
@@ -488,6 +499,7 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             eog_ids=tuple(sorted(self._eog)),
             backend=self.backend_name,
             size_bytes=path.stat().st_size,
+            projector=str(self._vision.path) if self._vision is not None else None,
         )
 
     def _meta(self, key: str) -> str | None:
@@ -504,10 +516,19 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             self._embedder = Embedder(self._model, self._cparams.n_threads)
         return self._embedder.embed(inputs)
 
+    def image_run(self, data: bytes) -> list[int]:
+        """The ids a prompt holds for an image (engine/images.py), registered for decoding."""
+        if self._vision is None:
+            raise EngineError(no_vision(self.info))
+        return self._vision.run(open_picture(data))
+
     def _close_runtime(self) -> None:
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None
+        if self._vision is not None:
+            self._vision.close()
+            self._vision = None
         for handle in (self._batch, self._ctx, self._model):
             if handle is not None:
                 handle.close()
@@ -591,7 +612,11 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
     def _forward(
         self, seq: _Sequence, chunk: Sequence[int], *, want_logits: bool, every: bool = False
     ) -> None:
-        """Decode `chunk`; the logits of its last token when wanted, of all with `every`."""
+        """Decode `chunk`; the logits of its last token when wanted, of all with `every`.
+        An image's run in it (engine/images.py) goes through the projector's embeddings."""
+        if self._vision is not None and has_images(chunk):
+            self._forward_with_images(seq, chunk, want_logits=want_logits)
+            return
         batch = self._batch.ptr
         pos = len(seq.tokens)
         for i, token in enumerate(chunk):
@@ -617,6 +642,30 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
             if seq.hidden is None:
                 seq.hidden = HiddenRows(self._keep_hidden)
             seq.hidden.record(len(seq.tokens) - len(rows), rows, len(rows))
+
+    def _forward_with_images(
+        self, seq: _Sequence, chunk: Sequence[int], *, want_logits: bool
+    ) -> None:
+        """`chunk` as its text pieces and whole image runs, in order."""
+        i = 0
+        while i < len(chunk):
+            if is_image(chunk[i]):
+                n = self._vision.n_tokens(chunk[i])
+                if list(chunk[i : i + n]) != [chunk[i]] * n:
+                    raise EngineError("The prompt cuts an image short; send the image whole.")
+                self._vision.decode(
+                    self._ctx.ptr, chunk[i], len(seq.tokens), seq.seq_id, self._options.n_batch
+                )
+                seq.tokens.extend(chunk[i : i + n])
+                seq.rollback = 0
+                self._logits_ready = None
+                i += n
+                continue
+            end = i
+            while end < len(chunk) and not is_image(chunk[end]):
+                end += 1
+            self._forward(seq, chunk[i:end], want_logits=want_logits and end == len(chunk))
+            i = end
 
     def _open_drafters(self, options: LoadOptions, info: ModelInfo) -> None:
         """The shared drafters, and the model's own MTP head when the GGUF carries one
@@ -692,6 +741,8 @@ class LlamaCppEngine(SlotEngine[_Sequence]):
                 sampling.presence_penalty,
             )
             for token in prompt[-sampling.penalty_last_n :]:
+                if is_image(token):
+                    continue
                 llama_cpp.llama_sampler_accept(penalties, token)
             chain.add(penalties)
         if sampling.temperature <= 0:
