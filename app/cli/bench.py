@@ -9,6 +9,7 @@ from app.bench import (
     cpu_buffers,
     decode,
     deepseek_v4_reference,
+    engines,
     kv,
     prefill,
     serve,
@@ -30,5 +31,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         decode,
         prefill,
         deepseek_v4_reference,
+        engines,
     ):
         bench.add_parser(benchmarks)
