@@ -1,0 +1,33 @@
+"""`stoke bench engines`, small, on the tests' tiny model: both sides of each engine run
+(Stoke's llama.cpp engine beside llama-cpp-python's Llama; Stoke's MLX engine beside
+mlx-lm's generate_step where MLX is installed), the table is printed and the JSON written.
+Speeds depend on the machine: only that each side ran and gave a rate is checked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_engines_runs_each_engine_beside_its_runtime(tmp_path: Path, tiny_model: str) -> None:
+    report_path = tmp_path / "engines.json"
+    command = [sys.executable, "-m", "app", "bench", "engines", "--model", tiny_model]
+    command += ["--prompt", "32", "--decode", "4", "--rounds", "1", "--json", str(report_path)]
+    done = subprocess.run(
+        command, cwd=REPO, env=os.environ.copy(), capture_output=True, text=True, timeout=600
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "Traceback" not in output, output
+    report = json.loads(report_path.read_text("utf-8"))
+    expected = {"llama.cpp"} | ({"mlx"} if importlib.util.find_spec("mlx") else set())
+    assert set(report["rows"]) == expected
+    for name, row in report["rows"].items():
+        assert f"| {name} | {row['beside']} |" in done.stdout
+        for side in ("stoke", "runtime"):
+            assert row[side]["prefill_tok_s"] > 0 and row[side]["decode_tok_s"] > 0
