@@ -198,7 +198,7 @@ class OllamaApi:
 
     def _finish(self, job: Job, reply: Reply) -> tuple[str, list[ToolCall]]:
         if job.kind == "completion":
-            self.core.stats.completed += 1
+            self.core.stats.answered()
             return reply.text, []
         _, content, calls = self.core.finish_reply(job, reply)
         return content, calls

@@ -75,6 +75,14 @@ class ServerStats:
     generated_tokens: int = 0
     ttft_s: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
     decode_tok_s: Histogram = field(default_factory=lambda: Histogram(DECODE_BUCKETS))
+    # told after each answered request (on the server's loop), e.g. a window showing the count
+    listeners: list[Callable[[], None]] = field(default_factory=list)
+
+    def answered(self) -> None:
+        """One more request answered, and everyone showing the count told."""
+        self.completed += 1
+        for listener in list(self.listeners):
+            listener()
 
     def count(self, stats: GenerationStats, generated: int) -> None:
         """A finished reply's numbers into the totals."""
@@ -306,7 +314,7 @@ class RequestCore:
         ids under the text (or the tool calls) the client saw: `streamed` (content, calls)
         as a ToolStream sent them, else as the whole reply parses; returns its (reasoning,
         content, calls)."""
-        self.stats.completed += 1
+        self.stats.answered()
         stats = reply.stats
         if stats is not None:
             self.stats.count(stats, len(reply.tokens))

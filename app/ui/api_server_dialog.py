@@ -16,6 +16,7 @@ api_server.qss.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from PySide6.QtGui import QGuiApplication, QIcon, QResizeEvent
 from PySide6.QtWidgets import (
@@ -58,6 +59,8 @@ class ApiServerDialog(QDialog):
         self.setStyleSheet(stylesheet())
         self.local = local
         self.task: asyncio.Task | None = None
+        self._watched: list[Callable[[], None]] | None = None  # the served count's listeners
+        self.finished.connect(lambda _code: self._watch(None))
         self.enabled = QCheckBox("Serve the OpenAI-compatible API on this machine (127.0.0.1)")
         self.enabled.setChecked(local.running)
         self.enabled.toggled.connect(self._toggled)
@@ -158,13 +161,24 @@ class ApiServerDialog(QDialog):
         if error:
             self.status.setText(error)
         elif server is not None:
+            count = server.stats.completed
             self.status.setText(
-                f"Serving {server.model_id} at {server.url} — {server.stats.completed} "
-                "requests answered. Clients send the key as 'Authorization: Bearer KEY'."
+                f"Serving {server.model_id} at {server.url} — {count:,} "
+                f"{'request' if count == 1 else 'requests'} answered. Clients send the key "
+                "as 'Authorization: Bearer KEY'."
             )
         else:
             self.status.setText("Not serving.")
+        self._watch(server.stats.listeners if server is not None and not error else None)
         self._fit()
+
+    def _watch(self, listeners: list[Callable[[], None]] | None) -> None:
+        """Follow the running server's count while the dialog is open (and only then)."""
+        if self._watched is not None and self._show_status in self._watched:
+            self._watched.remove(self._show_status)
+        self._watched = listeners
+        if listeners is not None and self._show_status not in listeners:
+            listeners.append(self._show_status)
 
     def _toggled(self, on: bool) -> None:
         self._remember(on)

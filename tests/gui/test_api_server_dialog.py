@@ -47,7 +47,9 @@ def test_api_server_setting_serves_the_window_engine(harness: Harness) -> None:
         return reply.usage.completion_tokens
 
     loop = asyncio.get_event_loop()
+    assert "0 requests answered" in dialog.status.text()
     assert harness.run(loop.run_in_executor(None, ask, key)) > 0
+    assert "1 request answered" in dialog.status.text()  # live while the dialog is open
 
     harness.act(dialog.renew_key)
     assert dialog.key.text() != key
