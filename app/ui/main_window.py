@@ -332,8 +332,10 @@ class MainWindow(QMainWindow):
                 and stats is not None
                 and stats.finish_reason == FinishReason.PREFILLED
             ):
-                restored = f", {stats.restored_tokens:,} restored" if stats.restored_tokens else ""
-                self.warm_label.setText(f"warm · {stats.prompt_tokens:,} tokens{restored}")
+                # no token count here: the context meter is the one place that shows it (two
+                # counts taken at different moments read as two different answers)
+                restored = " · restored from disk" if stats.restored_tokens else ""
+                self.warm_label.setText(f"warm{restored}")
 
         task.add_done_callback(done)
 
