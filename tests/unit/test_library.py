@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -399,3 +400,16 @@ def test_each_entry_names_the_engine_that_runs_it_here() -> None:
     assert catalog.assess(entries["deepseek-v4-flash-mxfp4"], pc).engine == "llama.cpp"
     folder_on_pc = catalog.assess(entries["deepseek-v4-flash-mlx-4bit"], pc)
     assert "Apple Silicon" in folder_on_pc.engine_reason
+
+
+def test_catalog_notes_state_each_download_size_as_the_card_does() -> None:
+    """A card shows its size once, as `decimal_bytes` writes it; a figure in its notes with
+    decimals is that same size, never another rounding or a GiB figure beside it (the
+    whole numbers there are machines' RAM: "for 128 GB machines")."""
+    from app.models.catalog import load_catalog
+    from app.units import decimal_bytes
+
+    for entry in load_catalog():
+        assert "GiB" not in entry.notes, entry.name
+        for figure in re.findall(r"\d+\.\d+ (?:GB|TB|MB)", entry.notes):
+            assert figure == decimal_bytes(entry.size_bytes), (entry.name, figure)
