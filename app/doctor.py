@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app import paths
-from app.units import gib
+from app.units import decimal_bytes, gib
 
 LOAD_TIMEOUT_S = 60.0
 NO_KEYRING = "no keyring backend: secrets are kept in memory only"
@@ -62,12 +62,13 @@ import json
 from dataclasses import asdict
 import llama_cpp
 from app.engine.llamacpp import cpu_buffers, ggml
+from app.hardware.detect import cpu_as_system
 print(json.dumps({
     "ok": True,
     "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
     "gpu_offload": ggml.gpu_offload_supported(),
     "rpc": ggml.rpc_supported(),
-    "devices": [asdict(d) for d in ggml.list_devices()],
+    "devices": cpu_as_system([asdict(d) for d in ggml.list_devices()]),
     "buffer_types": cpu_buffers.machine_verdict().as_dict(),
 }))
 """
@@ -410,7 +411,7 @@ def _llama_rows(info: dict[str, Any]) -> list[tuple[str, str]]:
 def _model_rows(model: dict[str, Any]) -> list[tuple[str, str]]:
     if "error" in model:
         return _error_rows(model)
-    size = f"yes, {model['size_bytes'] / 1e6:.1f} MB" if model["exists"] else "NO"
+    size = f"yes, {decimal_bytes(model['size_bytes'])}" if model["exists"] else "NO"
     return [("path", model["path"]), ("exists", size)]
 
 

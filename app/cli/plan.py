@@ -174,9 +174,9 @@ def run(args: argparse.Namespace) -> int:
     if args.ram is not None:
         ram = args.ram
     elif args.devices is not None:
-        from app.hardware.detect import _memory
+        from app.hardware.detect import system_memory
 
-        ram = _memory().available
+        ram = system_memory().available
     n_ctx = args.ctx or min(65_536, info.context_length or 65_536)
     if args.measure and args.devices is not None:
         print(

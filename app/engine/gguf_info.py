@@ -67,7 +67,18 @@ class GGUFInfo:
 
     @property
     def total_bytes(self) -> int:
+        """The weights' bytes (what memory must hold)."""
         return sum(t.n_bytes for t in self.tensors)
+
+    @property
+    def file_bytes(self) -> int:
+        """The files' bytes on disk, as every other place that names a model's size counts
+        it (the weights plus the header and vocabulary); the weights' bytes for a layout
+        whose files are not here."""
+        try:
+            return sum(f.stat().st_size for f in self.files)
+        except OSError:
+            return self.total_bytes
 
     def bytes_by_kind(self) -> dict[TensorKind, int]:
         totals: dict[TensorKind, int] = defaultdict(int)

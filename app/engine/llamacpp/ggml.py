@@ -223,9 +223,22 @@ def list_devices() -> list[Device]:
 
 
 def gpu_offload_supported() -> bool:
-    """Whether this llama.cpp build can offload layers to a GPU at all."""
+    """Whether this llama.cpp build has a GPU to offload layers to. llama.cpp's own
+    `llama_supports_gpu_offload` also says yes for the RPC backend, so a CPU-only build with
+    RPC claimed offload on a machine without a GPU; the devices' kinds are asked instead
+    (their kind only: no device memory is queried, so no GPU context is made)."""
     load_backends()
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    if (
+        ggml_backend_dev_count is None
+        or ggml_backend_dev_get is None
+        or ggml_backend_dev_type is None
+    ):
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    gpu_kinds = (GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU)
+    return any(
+        ggml_backend_dev_type(ggml_backend_dev_get(i)) in gpu_kinds
+        for i in range(ggml_backend_dev_count())
+    )
 
 
 def rpc_supported() -> bool:

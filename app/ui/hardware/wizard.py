@@ -268,7 +268,7 @@ class HardwareWizard(WizardCards, QDialog):
                 experts += f", {info.expert_used_count} per token"
         values = {
             "architecture": info.architecture,
-            "size": decimal_bytes(info.total_bytes),
+            "size": decimal_bytes(info.file_bytes),  # the file's, as the library and doctor say
             "quantization": quant,
             "layers": str(info.block_count or "—"),
             "experts": experts,
