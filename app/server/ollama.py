@@ -105,9 +105,7 @@ class OllamaApi:
     async def show(self, request: web.Request) -> web.Response:
         body = await self.core.body(request)
         name = body.get("model", body.get("name"))
-        if name not in (None, self.core.model_id) and self.core.config.strict_model:
-            raise self.core.unknown_model(str(name))
-        info = await self.core.engine.ready()
+        info = await self.core.ready(name if isinstance(name, str) else None)
         return web.json_response(
             {
                 "modelfile": "",
