@@ -209,9 +209,7 @@ def _pool(args: argparse.Namespace, options: LoadOptions) -> EnginePool:
     def options_for(entry: ModelEntry) -> LoadOptions:
         return resolve_load_options(str(entry.path), settings, flags)
 
-    budget = args.budget
-    if budget is None and len(entries) > 1:
-        budget = default_budget()
+    budget = args.budget if args.budget is not None else default_budget
     return EnginePool.of_library(
         entries, options, options_for, make_engine, budget=budget, ttl_s=args.ttl, pin=args.pin
     )
@@ -221,7 +219,7 @@ def _on_demand(pool: EnginePool) -> str:
     """One line on the models a request may name, and the rules they load by."""
     others = ", ".join(m.name for m in pool.models if m is not pool.default)
     line = f"Also on demand: {others}"
-    if pool.budget is not None:
+    if pool.budget is not None:  # else the machine's, asked at the first swap
         line += f"; within {gib(pool.budget)}, the least recently used unloaded to make room"
     if pool.ttl_s is not None:
         line += f"; unloaded after {pool.ttl_s:g} s idle"
@@ -305,8 +303,6 @@ async def _serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     print(f"Serving {server.model_id} at {url}", flush=True)
-    if len(pool.models) > 1:
-        print(_on_demand(pool), flush=True)
     if key.source == "keychain":
         print(f"{key.where} `stoke serve --show-key` prints it.", flush=True)
     else:
@@ -319,6 +315,8 @@ async def _serve(
             "can use the model.",
             flush=True,
         )
+    if len(pool.models) > 1:
+        print(_on_demand(pool), flush=True)
     gave_up: list[str] = []
 
     def on_state(state: EngineState, detail: str) -> None:

@@ -36,6 +36,9 @@ from app.units import gib
 log = logging.getLogger("stoke.pool")
 
 MakeEngine = Callable[[LoadOptions], EngineClient]
+# Bytes the loaded models may take: a number, a function asked once when first needed (the
+# machine's memory, which takes a child process to read), or None for no limit.
+Budget = int | Callable[[], int] | None
 
 
 class DoesNotFit(EngineError):
@@ -89,13 +92,13 @@ class EnginePool:
         models: Sequence[Pooled],
         *,
         default: str,
-        budget: int | None = None,  # None: no limit
+        budget: Budget = None,
         ttl_s: float | None = None,  # None: idle models stay
         pin: str | None = None,
     ) -> None:
         self._models = {m.name: m for m in models}
         self.default_name = default
-        self.budget = budget
+        self._budget = budget
         self.ttl_s = ttl_s
         self.pin = pin
         self._lock = asyncio.Lock()
@@ -120,7 +123,7 @@ class EnginePool:
         options_for: Callable[[ModelEntry], LoadOptions],
         make_engine: MakeEngine,
         *,
-        budget: int | None = None,
+        budget: Budget = None,
         ttl_s: float | None = None,
         pin: str | None = None,
     ) -> EnginePool:
@@ -145,6 +148,16 @@ class EnginePool:
         return cls(models, default=default_name, budget=budget, ttl_s=ttl_s, pin=pin)
 
     # -- what there is -------------------------------------------------------------------
+
+    @property
+    def budget(self) -> int | None:
+        """The budget in bytes; None while unlimited or not yet asked of the machine."""
+        return None if callable(self._budget) else self._budget
+
+    async def _resolve_budget(self) -> int | None:
+        if callable(self._budget):  # off the loop: reading the machine takes a child process
+            self._budget = await asyncio.to_thread(self._budget)
+        return self._budget
 
     @property
     def models(self) -> list[Pooled]:
@@ -228,14 +241,17 @@ class EnginePool:
     async def _make_room(self, model: Pooled) -> None:
         """Unload least recently used models until `model` fits the budget; wait for leased
         ones to be released when they are all that stands in the way."""
-        if self.budget is None:
+        if model is self.default and not any(m.resident for m in self._models.values()):
+            return  # the default model alone: what a server without a library loads anyway
+        budget = await self._resolve_budget()
+        if budget is None:
             return
         kept = sum(m.need for m in self._models.values() if m is not model and self.pinned(m))
-        if model.need + kept > self.budget:
+        if model.need + kept > budget:
             raise DoesNotFit(self._words(model, kept))
         while True:
             others = [m for m in self._models.values() if m.resident and m is not model]
-            if model.need + sum(m.need for m in others) <= self.budget:
+            if model.need + sum(m.need for m in others) <= budget:
                 return
             idle = [m for m in others if not self.pinned(m) and m.leases == 0]
             if idle:
