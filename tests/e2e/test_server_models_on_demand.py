@@ -91,6 +91,8 @@ def test_two_models_alternate_within_a_budget_of_one(library: dict[str, LoadOpti
         assert (first.model, other.model) == ("tiny-a", "tiny-b")
         assert other.choices[0].message.content != first.choices[0].message.content
         assert _states(server) == {"tiny-a": "unloaded", "tiny-b": "loaded"}
+        ps = requests.get(f"{server.url.removesuffix('/v1')}/api/ps", headers=AUTH, timeout=30)
+        assert [m["name"] for m in ps.json()["models"]] == ["tiny-b"]  # Ollama's view agrees
 
         follow_up = [
             *question,
