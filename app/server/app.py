@@ -7,8 +7,12 @@ prefix as llama-server serves them, llama-server's /tokenize, /detokenize, /appl
 /props, /slots and /metrics (utility.py), Ollama's /api routes (ollama.py), embeddings
 (embeddings.py: /v1/embeddings, /api/embed), and GET /health
 (no key; the engine's status only). The
-server shares the EngineClient the window uses, so it runs on the same asyncio loop and the
-engine process serialises its work with the GUI's.
+server answers with an engine pool's models (app/pool): `stoke serve` hands it the library's,
+each loaded when a request names it (each request leases its model until it is answered:
+the `_leases` middleware); the window hands it its own EngineClient as a pool of one, so it
+runs on the same asyncio loop and the engine process serialises its work with the GUI's.
+GET /v1/models lists the pool's models with their state, engine, capabilities, context and
+size.
 
 What makes it more than a proxy: a chat history is turned into tokens by the app's
 Transcript with the exact ids of this server's earlier replies (prompts.py, replay.py), and

@@ -4,7 +4,8 @@ request answered by the model it names; within a budget that holds one, the seco
 unloads the first, and coming back to the first's conversation restores its KV from the
 snapshot its engine wrote on the way out (`cached_tokens` > 0, in a new engine process); an
 idle model is unloaded after the TTL, the pinned one never; a model that cannot fit is a 503
-in words; `model` left out is the default model."""
+in words; `model` left out is the default model; embeddings through the openai client (and
+LiteLLM, where installed) load the model they name."""
 
 from __future__ import annotations
 
@@ -150,3 +151,15 @@ def test_serve_names_a_pin_it_does_not_have_in_one_line(stoke_here) -> None:
     code, _out, err = stoke_here("serve", "--port", "0", "--pin", "no-such-model")
     assert code == 1 and "--pin: no model 'no-such-model' here" in err
     assert "Traceback" not in err
+
+
+def test_litellm_embeddings_load_the_model_they_name(library: dict[str, LoadOptions]) -> None:
+    """LiteLLM's OpenAI provider against the pool (a dev machine with `litellm` installed;
+    skipped where it is not)."""
+    litellm = pytest.importorskip("litellm")
+    with ServerThread(pool=_pool(library, fits=1)) as server:
+        answer = litellm.embedding(
+            model="openai/tiny-b", input=["a glacier"], api_base=server.url, api_key=API_KEY
+        )
+        assert len(answer.data[0]["embedding"]) == 64
+        assert _states(server) == {"tiny-a": "unloaded", "tiny-b": "loaded"}
