@@ -143,6 +143,8 @@ class EnginePool:
             models.append(
                 Pooled(make_engine(default), memory_need(default), fixed_name=default_name)
             )
+        # the default first: clients that take the first model /v1/models lists get it
+        models.sort(key=lambda m: m.name != default_name)
         if pin is not None:
             pin = _named(models, pin)
         return cls(models, default=default_name, budget=budget, ttl_s=ttl_s, pin=pin)
