@@ -74,7 +74,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--strict-model",
         action="store_true",
-        help="refuse (404) model names other than the loaded model's, instead of serving them",
+        help="refuse (404) model names that are none of the library's, instead of serving "
+        "them with the default model",
     )
     parser.add_argument(
         "--crash-backoff",
