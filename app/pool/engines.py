@@ -172,11 +172,12 @@ class EnginePool:
         return self._models[self.default_name]
 
     def find(self, name: str | None) -> Pooled | None:
-        """The model a request names (None or empty: the default); None when there is none."""
+        """The model a request names, by its name, its file's name or its library id (None or
+        empty: the default); None when there is none."""
         if not name:
             return self.default
         for model in self._models.values():
-            if model.name == name:
+            if name in (model.name, _path(model).name) or (model.entry and model.entry.id == name):
                 return model
         return None
 

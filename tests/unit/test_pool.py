@@ -49,6 +49,8 @@ def test_the_least_recently_used_idle_model_makes_room() -> None:
     async def scenario() -> list[str]:
         log: list[str] = []
         pool = _pool(log, budget=25)
+        assert pool.find("b.gguf") is pool.find("b") and pool.find(None) is pool.find("a")
+        assert pool.find("nothing") is None
         for name in ("a", "b", "c", "a"):
             await _use(pool, name)
         assert {m.name: m.state for m in pool.models} == {
