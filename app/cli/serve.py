@@ -267,6 +267,9 @@ def _read_key_file(path: Path) -> str:
 async def _serve(
     args: argparse.Namespace, config: ServerConfig, key: auth.ApiKey, template: str | None
 ) -> int:
+    if args.model and not Path(args.model).expanduser().exists():
+        with contextlib.suppress(LibraryError):  # else the load says the file is not there
+            args.model = str(Library().get(args.model).path)  # a library model by name
     options = load_options_of(args)
     if template is not None:
         options = dataclasses.replace(options, chat_template=template)
