@@ -4,9 +4,9 @@ A caller leases a model for the length of a request (`lease`, then `release`): t
 loads it if it is not loaded, after unloading the least recently used unleased, unpinned
 models until the planner's estimate of its need fits the budget (waiting for a leased one to
 be released when only leased ones stand in the way). An engine unloads by closing its host,
-whose worker snapshots every resident conversation's KV first (slots.py's `unload`), and a
-later load of that model restores a conversation that comes back from that snapshot by its
-tokens: a restore, not a prefill. With a TTL, a model unleased for that long is unloaded;
+whose worker snapshots every resident conversation's KV first (engine/slots.py's `unload`),
+and a later load of that model restores a conversation that comes back from that snapshot by
+its tokens: a restore, not a prefill. With a TTL, a model unleased for that long is unloaded;
 the pinned model never is, by either. A model that cannot fit beside the pinned one, or at
 all, is refused with `DoesNotFit`, in words.
 
