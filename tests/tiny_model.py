@@ -46,8 +46,8 @@ def _entry(key: str, value: str | int | float) -> bytes:
     return _string(key) + struct.pack("<If", _F32, value)
 
 
-def _tensors(n_vocab: int) -> list[tuple[str, np.ndarray]]:
-    rng = np.random.default_rng(SEED)
+def _tensors(n_vocab: int, seed: int) -> list[tuple[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
     head_dim = N_EMBD // N_HEAD
 
     def matrix(rows: int, cols: int) -> np.ndarray:
@@ -71,9 +71,10 @@ def _tensors(n_vocab: int) -> list[tuple[str, np.ndarray]]:
     return [*tensors, ("output_norm.weight", ones), ("output.weight", output)]
 
 
-def write_tiny_chat_model(source: Path, path: Path) -> Path:
+def write_tiny_chat_model(source: Path, path: Path, seed: int = SEED) -> Path:
     """`path`: a llama GGUF with `source`'s tokenizer (every `tokenizer.*` entry) and random
-    F32 weights of this module's shapes. The same bytes on every machine."""
+    F32 weights of this module's shapes. The same bytes on every machine; another `seed`, other
+    weights (a second model that answers otherwise)."""
     with open_header(source) as header:
         copied = [
             header.view[e.start : e.end] for e in header.entries() if e.key.startswith("tokenizer.")
@@ -94,7 +95,7 @@ def write_tiny_chat_model(source: Path, path: Path) -> Path:
         "llama.vocab_size": n_vocab,
         "general.alignment": ALIGNMENT,
     }
-    tensors = _tensors(n_vocab)
+    tensors = _tensors(n_vocab, seed)
     infos, blobs, offset = [], [], 0
     for name, array in tensors:
         kind = Q.Q8_0 if array.ndim == 2 else Q.F32

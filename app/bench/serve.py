@@ -11,6 +11,12 @@ conversation, and so on, so each request follows one from another conversation. 
 client-side: the request sent to the first streamed content. Each scenario uses
 conversations no earlier scenario has seen (distinct documents, one shared system prompt).
 Prints a table and writes JSON.
+
+With `--models 2`, models on demand instead: two models behind one server, whose budget
+holds one (Stoke's `--budget`; llama_cpp.server's `--config_file` listing both keeps one
+loaded by design), each conversation's turns sent as cold (its model not loaded, the
+conversation new), resident (the follow-up at once) and restored (the follow-up after the
+other model's turns unloaded its model): TTFT of each, beside each other.
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ STARTUP_S = 300
 # it. 512 MiB counted (~3 GB held) keeps ~25 states: every conversation of a scenario hits.
 ANCHOR_CACHE_BYTES = 512 << 20
 SERVERS = ("stoke", "anchor")
+MODEL_KINDS = ("resident", "restored", "cold")  # --models 2: the turns timed
 LOGS = {"stoke": "stoke-serve.log", "anchor": "anchor.log"}
 
 
@@ -357,6 +364,218 @@ def targets(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def stoke_pool_server(
+    models: tuple[str, str], n_ctx: int, home: Path, logs: Path | None = None
+) -> Iterator[tuple[str, tuple[str, str]]]:
+    """`stoke serve` with both models in its library and a budget that holds one (the pool's
+    own estimate of each); yields its URL and the two models' ids."""
+    from app.engine.protocol import LoadOptions
+    from app.models.names import model_name
+    from app.pool.need import memory_need
+    from app.settings import Settings
+    from app.units import GIB
+
+    library = home / "stoke" / "data" / "models"
+    library.mkdir(parents=True, exist_ok=True)
+    ids = tuple(model_name(m) for m in models)
+    for model in models:
+        (library / Path(model).name).symlink_to(Path(model).resolve())
+    resident = Settings().resident_conversations
+    needs = sorted(memory_need(LoadOptions(m, n_ctx=n_ctx, n_seq_max=resident)) for m in models)
+    budget = needs[1] + needs[0] // 2
+    port = _free_port()
+    env = {**os.environ, "STOKE_HOME": str(home / "stoke"), "STOKE_API_KEY": API_KEY}
+    command = [sys.executable, "-m", "app", "serve", "--model", models[0], "--ctx", str(n_ctx)]
+    command += ["--port", str(port), "--budget", f"{budget / GIB:.6f}"]
+    log = (logs or home) / LOGS["stoke"]
+    with _process(command, log, env) as process:
+        url = f"http://127.0.0.1:{port}/v1"
+        _wait_ready(url, process, log)
+        yield url, ids
+
+
+@contextlib.contextmanager
+def anchor_pool_server(
+    models: tuple[str, str], n_ctx: int, home: Path, logs: Path | None = None
+) -> Iterator[tuple[str, tuple[str, str]]]:
+    """llama_cpp.server's multi-model config on the same two files (each with its RAM prompt
+    cache, as the single-model anchor); yields its URL and the two aliases."""
+    port = _free_port()
+    threads = os.cpu_count() or 1
+    ids = ("model-a", "model-b")
+    config = {
+        "host": "127.0.0.1",
+        "port": port,
+        "api_key": API_KEY,
+        "models": [
+            {
+                "model": model,
+                "model_alias": alias,
+                "n_ctx": n_ctx,
+                "n_batch": 512,
+                "n_threads": threads,
+                "n_threads_batch": threads,
+                "cache": True,
+                "cache_size": ANCHOR_CACHE_BYTES,
+                "verbose": False,
+            }
+            for model, alias in zip(models, ids, strict=True)
+        ],
+    }
+    path = home / "anchor-models.json"
+    path.write_text(json.dumps(config), "utf-8")
+    command = [sys.executable, "-m", "app.engine.llamacpp.peer_server", "--config_file", str(path)]
+    log = (logs or home) / LOGS["anchor"]
+    with _process(command, log, dict(os.environ)) as process:
+        url = f"http://127.0.0.1:{port}/v1"
+        _wait_ready(url, process, log)
+        yield url, ids
+
+
+def _states(url: str) -> dict[str, str]:
+    """Stoke's /v1/models: each model's state."""
+    request = urllib.request.Request(
+        f"{url}/models", headers={"Authorization": f"Bearer {API_KEY}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return {m["id"]: m.get("state", "") for m in json.load(answer)["data"]}
+
+
+def swap_replay(
+    url: str, ids: tuple[str, str], reps: int, facts: int, max_tokens: int, *, stoke: bool
+) -> dict[str, list]:
+    """Per rep, a new conversation on each model in turn: cold (its model unloaded), resident
+    (the follow-up at once), and, after the other model's two turns, restored. TTFTs by kind,
+    the cached share of each restored prompt, and (Stoke) whether each cold load had
+    unloaded the other model."""
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=600)
+    for model in ids:  # both loaded once (first-call costs paid); the second unloads the first
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1, temperature=0
+        )
+    out: dict[str, list] = {"cold": [], "resident": [], "restored": [], "cached": [], "swapped": []}
+
+    def turn(model: str, messages: list[dict[str, str]], kind: str, n: int) -> None:
+        reply, ttft, prompt, cached = _turn(client, model, messages, max_tokens)
+        out[kind].append(ttft)
+        if kind == "restored" and prompt and cached is not None:
+            out["cached"].append(cached / prompt)
+        if kind == "cold" and stoke:
+            other = ids[1 - ids.index(model)]
+            out["swapped"].append(_states(url).get(other) == "unloaded")
+        messages += [
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": FOLLOW_UPS[n % len(FOLLOW_UPS)]},
+        ]
+
+    for rep in range(reps):
+        chats = {
+            model: [
+                {"role": "system", "content": SYSTEM},
+                {
+                    "role": "user",
+                    "content": document(TOPICS[(2 * rep + i) % len(TOPICS)], facts, f"m{rep}.{i}"),
+                },
+            ]
+            for i, model in enumerate(ids)
+        }
+        for model in ids:
+            turn(model, chats[model], "cold", 0)
+            turn(model, chats[model], "resident", 1)
+        for model in ids:
+            turn(model, chats[model], "restored", 2)
+    return out
+
+
+def run_models_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """`--models 2`: models on demand, Stoke's pool beside llama_cpp.server's config."""
+    import openai
+
+    from app.engine.llamacpp.quantize import requantize
+    from app.models.default import default_model_path
+
+    servers = [s for s in SERVERS if s != "anchor" or not args.no_anchor]
+    results: dict[str, dict[str, Any]] = {}
+    failures: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="stoke-bench-models-") as tmp:
+        home = Path(tmp)
+        logs = Path(args.logs) if args.logs else None
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+        first = args.model or str(default_model_path())
+        second = args.model2
+        if second is None:  # the default pair: the model and its Q8_0 copy
+            second = str(requantize(Path(first), home / f"{Path(first).stem}-q8_0.gguf", "q8_0"))
+        models = (first, second)
+        starts = {"stoke": stoke_pool_server, "anchor": anchor_pool_server}
+        for server in servers:
+            print(f"{server}: two models, {args.reps} reps", file=sys.stderr)
+            try:
+                with starts[server](models, args.ctx, home, logs) as (url, ids):
+                    run = swap_replay(
+                        url, ids, args.reps, args.facts, args.max_tokens, stoke=server == "stoke"
+                    )
+            except (openai.OpenAIError, RuntimeError) as exc:
+                failures[server] = f"{type(exc).__name__}: {exc}"
+                print(f"{server} failed: {failures[server]}", file=sys.stderr)
+                continue
+            results[server] = {
+                **{f"{kind}_ttft_s": round(median(run[kind]), 4) for kind in MODEL_KINDS},
+                **{f"{kind}_all_s": [round(t, 4) for t in run[kind]] for kind in MODEL_KINDS},
+                "restored_cached_ratio": round(min(run["cached"]), 4) if run["cached"] else None,
+                "cold_loads_unloaded_the_other": run["swapped"] or None,
+            }
+    return {
+        "benchmark": "serve-models",
+        "models": [Path(m).name for m in models],
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "params": {
+            "models": 2,
+            "facts": args.facts,
+            "max_tokens": args.max_tokens,
+            "n_ctx": args.ctx,
+            "reps": args.reps,
+            "anchor_cache_bytes": ANCHOR_CACHE_BYTES,
+        },
+        "results": results,
+        "failures": failures,
+    }
+
+
+def render_models(report: dict[str, Any]) -> str:
+    params = report["params"]
+    lines = [
+        f"stoke bench serve --models 2 — {' and '.join(report['models'])} on "
+        f"{report['machine']['cpu']} ({report['machine']['cores']} cores); greedy, "
+        f"{params['max_tokens']} tokens a reply; TTFT in seconds, median over {params['reps']} "
+        "reps x both models",
+        "",
+    ]
+    header = f"{'server':<8} {'resident':>9} {'restored':>9} {'cold':>9}"
+    header += f" {'restored/cold':>14} {'cached':>7}"
+    lines += [header, "-" * len(header)]
+    for server, row in report["results"].items():
+        cached = row["restored_cached_ratio"]
+        lines.append(
+            f"{server:<8} {row['resident_ttft_s']:>9.3f} {row['restored_ttft_s']:>9.3f} "
+            f"{row['cold_ttft_s']:>9.3f} {row['restored_ttft_s'] / row['cold_ttft_s']:>13.2f}x "
+            + (f"{cached:>7.3f}" if cached is not None else f"{'-':>7}")
+        )
+    lines += [
+        "",
+        "resident: the follow-up with its model loaded; restored: the follow-up after the other "
+        "model's turns unloaded its model; cold: a new conversation on a model not loaded; "
+        "cached: lowest cached_tokens / prompt_tokens of a restored turn (as reported)",
+    ]
+    for server, why in report["failures"].items():
+        lines.append(f"{server} broke off: {why.splitlines()[0]}")
+    return "\n".join(lines)
+
+
 def render(report: dict[str, Any]) -> str:
     params = report["params"]
     lines = [
@@ -407,6 +626,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-anchor", action="store_true", help="skip llama_cpp.server")
     parser.add_argument(
+        "--models",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: models on demand, two models in a budget of one (TTFT resident, restored, "
+        "cold), beside llama_cpp.server's multi-model config",
+    )
+    parser.add_argument(
+        "--model2",
+        metavar="PATH",
+        help="--models 2's second model (default: a Q8_0 copy of --model)",
+    )
+    parser.add_argument(
         "--logs",
         metavar="DIR",
         help="keep both servers' logs there, with requests.jsonl: each request's send time "
@@ -424,8 +656,12 @@ def main(args: argparse.Namespace) -> int:
     if args.agent:
         args.conversations = [1]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop both servers on the way out
-    report = run_bench(args)
-    print(render(report))
+    if args.models == 2:
+        report = run_models_bench(args)
+        print(render_models(report))
+    else:
+        report = run_bench(args)
+        print(render(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
     print(json.dumps(report))

@@ -4,6 +4,9 @@ The key is best given with `--api-key-file` or STOKE_API_KEY: a key on the comma
 visible to every local user in `ps`, so `--api-key` works but draws a warning.
 `--chat-template FILE` serves the model with another Jinja chat template than its own
 (LoadOptions.chat_template), e.g. a newer one with tool calls or reasoning.
+
+Every library model is served on demand (app/pool): a request naming one loads it within
+`--budget`, unloading the least recently used; `--ttl` unloads idle models, `--pin` keeps one.
 """
 
 from __future__ import annotations
@@ -21,11 +24,16 @@ from pathlib import Path
 from app import paths
 from app.cli import chat
 from app.engine.host import EngineClient, EngineState
-from app.launch import load_options_of
+from app.engine.protocol import LoadOptions
+from app.launch import LoadFlags, load_options_of, resolve_load_options
+from app.models.library import Library, LibraryError, ModelEntry
+from app.pool.engines import EnginePool
+from app.pool.need import default_budget
 from app.server import auth
 from app.server.app import ApiServer
 from app.server.requests import ServerConfig
 from app.settings import Settings
+from app.units import GIB, gib
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -66,7 +74,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--strict-model",
         action="store_true",
-        help="refuse (404) model names other than the loaded model's, instead of serving them",
+        help="refuse (404) model names that are none of the library's, instead of serving "
+        "them with the default model",
     )
     parser.add_argument(
         "--crash-backoff",
@@ -82,6 +91,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="a Jinja chat template to use instead of the model's own",
     )
+    parser.add_argument(
+        "--budget",
+        type=_gib,
+        metavar="GIB",
+        help="memory the library's models may fill at once; a request naming another model "
+        "unloads the least recently used to make room (default: 85%% of RAM, plus the GPUs')",
+    )
+    parser.add_argument(
+        "--ttl",
+        type=_seconds,
+        metavar="S",
+        help="unload a model no request has used for this many seconds (default: keep it)",
+    )
+    parser.add_argument(
+        "--pin", metavar="MODEL", help="a library model to load at once and never unload"
+    )
     parser.add_argument("--show-key", action="store_true", help="print the API key and exit")
     parser.set_defaults(run=run)
 
@@ -94,6 +119,17 @@ def _backoff(text: str) -> tuple[float, ...]:
             f"{text!r} is not a list of seconds above 0, such as 5,20,60"
         ) from None
     return waits
+
+
+def _gib(text: str) -> int:
+    """A budget in GiB, as bytes."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB above 0")
+    return int(value * GIB)
 
 
 def _seconds(text: str) -> float:
@@ -155,6 +191,44 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pool(args: argparse.Namespace, options: LoadOptions) -> EnginePool:
+    """The models this server answers with: every library model, each loaded when a request
+    names it (a remote engine: that one alone). Raises ValueError or LibraryError in words."""
+
+    def make_engine(model_options: LoadOptions) -> EngineClient:
+        engine = EngineClient(
+            model_options, log_path=paths.cache_dir() / "engine.log", backoff_s=args.crash_backoff
+        )
+        engine.add_notice_listener(
+            lambda text: print(f"stoke: {text}", file=sys.stderr, flush=True)
+        )
+        return engine
+
+    entries = [] if options.remote is not None else Library().listed()
+    settings, flags = Settings.load(), LoadFlags.of(args)
+
+    def options_for(entry: ModelEntry) -> LoadOptions:
+        return resolve_load_options(str(entry.path), settings, flags)
+
+    budget = args.budget if args.budget is not None else default_budget
+    return EnginePool.of_library(
+        entries, options, options_for, make_engine, budget=budget, ttl_s=args.ttl, pin=args.pin
+    )
+
+
+def _on_demand(pool: EnginePool) -> str:
+    """One line on the models a request may name, and the rules they load by."""
+    others = ", ".join(m.name for m in pool.models if m is not pool.default)
+    line = f"Also on demand: {others}"
+    if pool.budget is not None:  # else the machine's, asked at the first swap
+        line += f"; within {gib(pool.budget)}, the least recently used unloaded to make room"
+    if pool.ttl_s is not None:
+        line += f"; unloaded after {pool.ttl_s:g} s idle"
+    if pool.pin is not None:
+        line += f"; {pool.pin} stays loaded"
+    return line + "."
+
+
 def _read_template(path: Path) -> str:
     """The template file's text; ValueError in words when it cannot be one."""
     try:
@@ -193,34 +267,38 @@ def _read_key_file(path: Path) -> str:
 async def _serve(
     args: argparse.Namespace, config: ServerConfig, key: auth.ApiKey, template: str | None
 ) -> int:
+    if args.model and not Path(args.model).expanduser().exists():
+        with contextlib.suppress(LibraryError):  # else the load says the file is not there
+            args.model = str(Library().get(args.model).path)  # a library model by name
     options = load_options_of(args)
     if template is not None:
         options = dataclasses.replace(options, chat_template=template)
-    engine = EngineClient(
-        options,
-        log_path=paths.cache_dir() / "engine.log",
-        backoff_s=args.crash_backoff,
-    )
-    engine.add_notice_listener(lambda text: print(f"stoke: {text}", file=sys.stderr, flush=True))
-    server = ApiServer(engine, config)
-    loading = asyncio.ensure_future(engine.start())
+    try:
+        pool = _pool(args, options)
+    except (ValueError, LibraryError) as exc:
+        print(f"stoke: {exc}", file=sys.stderr)
+        return 1
+    server = ApiServer(pool, config)
+    loading = asyncio.ensure_future(pool.start())
     await asyncio.sleep(0)  # the engine is starting: a request now waits for the model
     try:
         url = await server.start()  # the port first: a taken one fails before a long load
     except OSError as exc:
         loading.cancel()
-        await engine.close()
+        await pool.close()
         print(
             f"stoke: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}. "
             "Choose another port with --port.",
             file=sys.stderr,
         )
         return 1
+    engine = pool.default.engine
     print(f"Loading {engine.options.model_path} ...", file=sys.stderr, flush=True)
     try:
         await loading
     except BaseException:
         await server.stop()
+        await pool.close()
         raise
     # Ctrl+C from here on stops the server as a request would; before, asyncio.run's own
     # handler cancels the load. Set before "Serving": a script may send it on that line.
@@ -241,6 +319,8 @@ async def _serve(
             "can use the model.",
             flush=True,
         )
+    if len(pool.models) > 1:
+        print(_on_demand(pool), flush=True)
     gave_up: list[str] = []
 
     def on_state(state: EngineState, detail: str) -> None:
@@ -254,7 +334,7 @@ async def _serve(
     finally:
         print("Stopping ...", file=sys.stderr)
         await server.stop()
-        await engine.close()
+        await pool.close()
     if gave_up:
         print(f"stoke: {gave_up[0]} Exiting so a supervisor can restart it.", file=sys.stderr)
         return 1

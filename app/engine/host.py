@@ -322,6 +322,9 @@ class EngineClient:
         self._stop_process()
         if self._reader is not None:
             await loop.run_in_executor(None, self._reader.join, 5)
+        # A call the child never answered (a background snapshot queued behind the shutdown)
+        # fails now rather than waiting forever: the pool closes engines mid-run.
+        self._fail_pending(EngineCrashedError("The engine was stopped."))
         self._set_state(EngineState.STOPPED, "")
 
     def _stop_process(self) -> None:

@@ -7,8 +7,12 @@ prefix as llama-server serves them, llama-server's /tokenize, /detokenize, /appl
 /props, /slots and /metrics (utility.py), Ollama's /api routes (ollama.py), embeddings
 (embeddings.py: /v1/embeddings, /api/embed), and GET /health
 (no key; the engine's status only). The
-server shares the EngineClient the window uses, so it runs on the same asyncio loop and the
-engine process serialises its work with the GUI's.
+server answers with an engine pool's models (app/pool): `stoke serve` hands it the library's,
+each loaded when a request names it (each request leases its model until it is answered:
+the `_leases` middleware); the window hands it its own EngineClient as a pool of one, so it
+runs on the same asyncio loop and the engine process serialises its work with the GUI's.
+GET /v1/models lists the pool's models with their state, engine, capabilities, context and
+size.
 
 What makes it more than a proxy: a chat history is turned into tokens by the app's
 Transcript with the exact ids of this server's earlier replies (prompts.py, replay.py), and
@@ -51,12 +55,14 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from app.engine.host import EngineClient, EngineState
 from app.engine.protocol import EngineError, ModelInfo, PrefillProgress
+from app.pool.engines import EnginePool, Pooled
 from app.server import auth
 from app.server.anthropic import AnthropicApi, error_shape
 from app.server.embeddings import EmbeddingsApi
@@ -105,7 +111,10 @@ class ApiServer(RequestCore):
     request core (requests.py) its routes and the other APIs' run on."""
 
     def __init__(
-        self, engine: EngineClient, config: ServerConfig, sink: ReplySink | None = None
+        self,
+        engine: EngineClient | EnginePool,
+        config: ServerConfig,
+        sink: ReplySink | None = None,
     ) -> None:
         super().__init__(engine, config, sink)
         self.responses = ResponsesApi(self)  # keeps the conversations it can continue
@@ -127,7 +136,7 @@ class ApiServer(RequestCore):
         """Bind and serve; returns the base URL. Raises OSError when the port is taken."""
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
-            middlewares=[self._errors, self._admit, self._auth],
+            middlewares=[self._errors, self._admit, self._auth, self._leases],
         )
         for prefix in ("/v1", ""):  # llama-server serves both
             app.router.add_get(f"{prefix}/models", self._models)
@@ -235,6 +244,15 @@ class ApiServer(RequestCore):
             )
         return await handler(request)
 
+    @web.middleware
+    async def _leases(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The models a request leases from the pool stay loaded until it is answered."""
+        token = self.leasing()
+        try:
+            return await handler(request)
+        finally:
+            self.released(token)
+
     def _cors_headers(self, request: web.Request, *, preflight: bool = False) -> dict[str, str]:
         origin = request.headers.get("Origin")
         allowed = self.config.cors_origins
@@ -258,30 +276,52 @@ class ApiServer(RequestCore):
 
     # -- routes ------------------------------------------------------------------------------
 
-    def _model_entry(self) -> dict[str, Any]:
-        info = self.engine.info
-        entry: dict[str, Any] = {
-            "id": self.model_id,
+    def _model_entry(self, model: Pooled) -> dict[str, Any]:
+        """A model as /v1/models lists it: OpenAI's fields, then whether it is loaded, its
+        engine, what it can do, its context and its size."""
+        info, entry = model.engine.info, model.entry
+        context = info.n_ctx if info is not None and model.state == "loaded" else None
+        if context is None:
+            context = model.engine.options.n_ctx or (entry.context_length if entry else None)
+        path = Path(model.engine.options.model_path) if model.engine.options.model_path else None
+        gguf = path is not None and path.suffix == ".gguf"
+        return {
+            "id": model.name,
             "object": "model",
             "created": 0,
             "owned_by": "stoke",
+            "state": model.state,
+            "default": model is self.pool.default,
+            "pinned": model.name == self.pool.pin,
+            "engine": model.backend,
+            "capabilities": {
+                "completion": True,
+                "tools": bool(entry.chat_template) if entry else True,
+                "vision": False,  # no image input on either local engine yet
+                "embeddings": gguf and model.backend == "llama.cpp",
+            },
+            "context_length": context,
+            "size_bytes": entry.size_bytes if entry else _size(path),
+            "memory_bytes": model.need or None,
         }
-        if info is not None:
-            entry["context_length"] = info.n_ctx
-        return entry
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [self._model_entry()]})
+        data = [self._model_entry(model) for model in self.pool.models]
+        return web.json_response({"object": "list", "data": data})
 
     async def _model(self, request: web.Request) -> web.Response:
         """One model by id: a lookup, so an unknown id is 404 even when requests naming it
         would be served."""
-        if request.match_info["model_id"] != self.model_id:
+        model = self.pool.find(request.match_info["model_id"])
+        if model is None:
             raise self.unknown_model(request.match_info["model_id"])
-        return web.json_response(self._model_entry())
+        return web.json_response(self._model_entry(model))
 
     async def _health(self, request: web.Request) -> web.Response:
-        status, word = _HEALTH.get(self.engine.state, (503, "error"))
+        state = self.engine.state
+        if state == EngineState.STOPPED and not self.pool.default.resident:
+            state = EngineState.READY  # unloaded by the pool: the next request loads it
+        status, word = _HEALTH.get(state, (503, "error"))
         body: dict[str, Any] = {"status": word}
         if self.engine.retry_at is not None:  # a crash loop's back-off: when it tries again
             body["retry_in_s"] = round(max(self.engine.retry_at - time.monotonic(), 0.0), 1)
@@ -485,6 +525,15 @@ class ApiServer(RequestCore):
         texts = TokenTexts(self.engine.local_tokenizer())
         shape = chat_logprobs if job.kind == "chat" else completion_logprobs
         return shape(reply.tokens[start:], reply.scores[start:], texts)
+
+
+def _size(path: Path | None) -> int | None:
+    """Bytes of a model's file or folder (None: no local model)."""
+    if path is None or not path.exists():
+        return None
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def _nth(job: Job, index: int) -> Job:

@@ -38,7 +38,7 @@ class EmbeddingsApi:
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
             raise invalid("encoding_format", '`encoding_format` must be "float" or "base64".')
-        vectors, n_tokens = await self._embed(body.get("input"), "input")
+        vectors, n_tokens = await self._embed(body.get("model"), body.get("input"), "input")
         dimensions = body.get("dimensions")
         if dimensions is not None and dimensions != len(vectors[0]):
             raise invalid(
@@ -60,7 +60,7 @@ class EmbeddingsApi:
         raw = body.get("input")
         if isinstance(raw, list) and not all(isinstance(x, str) for x in raw):
             raise invalid("input", "`input` must be text or a list of texts.")
-        vectors, n_tokens = await self._embed(raw, "input")
+        vectors, n_tokens = await self._embed(body.get("model"), raw, "input")
         return web.json_response(
             {
                 "model": body.get("model") or self.core.model_id,
@@ -69,8 +69,8 @@ class EmbeddingsApi:
             }
         )
 
-    async def _embed(self, raw: Any, field: str) -> tuple[list[list[float]], int]:
-        info = await self.core.engine.ready()
+    async def _embed(self, model: Any, raw: Any, field: str) -> tuple[list[list[float]], int]:
+        info = await self.core.ready(model if isinstance(model, str) else None)
         if info.backend != "llama.cpp":
             raise ApiError(
                 400,

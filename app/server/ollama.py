@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from app.engine.protocol import EngineError
+from app.pool.engines import Pooled
 from app.server.errors import ApiError, invalid
 from app.server.grammar import shaped
 from app.server.http import engine_error
@@ -95,25 +96,28 @@ class OllamaApi:
         return await self.core.generate(request, job, info, self._respond(body, "generate"))
 
     async def tags(self, request: web.Request) -> web.Response:
-        return web.json_response({"models": [self._model_entry()]})
+        """Every model the server answers with, loaded or not (models on demand)."""
+        return web.json_response({"models": [self._model_entry(m) for m in self.core.pool.models]})
 
     async def ps(self, request: web.Request) -> web.Response:
-        entry = self._model_entry()
-        loaded = [{**entry, "expires_at": "0001-01-01T00:00:00Z", "size_vram": 0}]
-        return web.json_response({"models": loaded if self.core.engine.info else []})
+        """The models loaded now."""
+        loaded = [
+            {**self._model_entry(m), "expires_at": "0001-01-01T00:00:00Z", "size_vram": 0}
+            for m in self.core.pool.models
+            if m.state == "loaded"
+        ]
+        return web.json_response({"models": loaded})
 
     async def show(self, request: web.Request) -> web.Response:
         body = await self.core.body(request)
         name = body.get("model", body.get("name"))
-        if name not in (None, self.core.model_id) and self.core.config.strict_model:
-            raise self.core.unknown_model(str(name))
-        info = await self.core.engine.ready()
+        info = await self.core.ready(name if isinstance(name, str) else None)
         return web.json_response(
             {
                 "modelfile": "",
                 "parameters": "",
                 "template": info.chat_template,
-                "details": self._model_entry()["details"],
+                "details": self._model_entry(self.core.model)["details"],
                 "model_info": {"general.architecture": info.architecture},
                 "capabilities": ["completion", "tools"],
             }
@@ -122,13 +126,14 @@ class OllamaApi:
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": VERSION})
 
-    def _model_entry(self) -> dict[str, Any]:
-        path = Path(self.core.engine.options.model_path)
+    @staticmethod
+    def _model_entry(model: Pooled) -> dict[str, Any]:
+        path = Path(model.engine.options.model_path)
         size = path.stat().st_size if path.is_file() else 0
-        info = self.core.engine.info
+        info = model.engine.info
         return {
-            "name": self.core.model_id,
-            "model": self.core.model_id,
+            "name": model.name,
+            "model": model.name,
             "modified_at": _now(),
             "size": size,
             "digest": info.fingerprint if info else "",

@@ -8,6 +8,7 @@ and write the reply in their own shape; `ApiServer` is one, with its HTTP app ar
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import time
@@ -25,7 +26,7 @@ from app.engine.protocol import EngineError, GenerationStats, ModelInfo, Progres
 from app.engine.remote_wire import WIRE_TEMPLATE
 from app.engine.transcript import Tokenizer
 from app.engine.worker import Priority
-from app.models.names import model_name
+from app.pool.engines import DoesNotFit, EnginePool, Pooled
 from app.server.grammar import constrained
 from app.server.http import read_body
 from app.server.metrics import DECODE_BUCKETS, TTFT_BUCKETS_S, Histogram
@@ -43,6 +44,13 @@ from app.toolcalls.tools import ToolCall, Tools
 logger = logging.getLogger("stoke.server")
 
 RETRY_AFTER_S = 2  # what a 429 tells the client to wait
+
+# The model the request being handled leased from the pool (each request's handler runs in
+# its own context): `RequestCore.engine`, `model_id` and `slots` are that model's. The
+# middleware in app.py opens a request with a fresh list and releases what it leased.
+_LEASED: contextvars.ContextVar[list[Pooled] | None] = contextvars.ContextVar(
+    "stoke_leased", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -120,43 +128,90 @@ class RequestCore:
     store, the conversations' slots and the counters (see the module's docstring)."""
 
     def __init__(
-        self, engine: EngineClient, config: ServerConfig, sink: ReplySink | None = None
+        self, engine: EngineClient | EnginePool, config: ServerConfig, sink: ReplySink | None = None
     ) -> None:
-        self.engine = engine
+        # One engine (the window's) is a pool of one; `stoke serve` hands the library's pool.
+        self.pool = engine if isinstance(engine, EnginePool) else EnginePool.of_engine(engine)
         self.config = config
         self.sink = sink  # told of each finished chat reply (served.py); None: nobody
         self.replies = ReplyStore()
         self.prompts = ChatPrompts(self.replies)
         # Slot names key the KV snapshots: a restarted server must not reuse the names of
         # the conversations an earlier one snapshotted, or its first snapshot replaces theirs.
-        self.slots = SlotMap(prefix=f"api-{uuid.uuid4().hex[:8]}")
+        # Each model has its own map (a conversation is one model's), named apart.
+        self._slot_prefix = f"api-{uuid.uuid4().hex[:8]}"
+        self._slots: dict[str, SlotMap] = {}
         self.stats = ServerStats()
         self.prewarm = Prewarmer(self)  # the snapshots after replies
         self._opened: dict[tuple, bool] = {}  # template key -> generation prompt opens <think>
 
     @property
+    def model(self) -> Pooled:
+        """The model this request leased, else the default one."""
+        leased = _LEASED.get()
+        return leased[-1] if leased else self.pool.default
+
+    @property
+    def engine(self) -> EngineClient:
+        return self.model.engine
+
+    @property
     def model_id(self) -> str:
-        """The id clients name: the model file's name (or, for a model without a local
-        file, the loaded model's)."""
-        path = self.engine.options.model_path
-        if path:
-            return model_name(path)
-        return self.engine.info.name if self.engine.info else "stoke"
+        """The id clients name: the library's name of the model, or its file's name (or, for
+        a model without a local file, the loaded model's)."""
+        return self.model.name
+
+    @property
+    def slots(self) -> SlotMap:
+        """The conversations' slots on this request's model."""
+        name = self.model.name
+        if name not in self._slots:
+            self._slots[name] = SlotMap(prefix=f"{self._slot_prefix}-{len(self._slots)}")
+        return self._slots[name]
+
+    @staticmethod
+    def leasing() -> contextvars.Token:
+        """Open a request: what it leases is kept to be released by `released`."""
+        return _LEASED.set([])
+
+    def released(self, token: contextvars.Token) -> None:
+        """Close a request: release the models it leased."""
+        for model in _LEASED.get() or ():
+            self.pool.release(model)
+        _LEASED.reset(token)
 
     async def body(self, request: web.Request) -> dict[str, Any]:
         return await read_body(request, self.config.max_body_bytes, self.config.body_timeout_s)
 
     async def model_ready(self, params: GenerationParams) -> ModelInfo:
-        """The loaded model's info. With one model loaded, any model name is served by it
-        (as llama-server and LM Studio do), unless the server is strict about names."""
-        if params.model != self.model_id and self.config.strict_model:
-            raise self.unknown_model(params.model)
-        return await self.engine.ready()
+        return await self.ready(params.model)
+
+    async def ready(self, name: str | None = None) -> ModelInfo:
+        """The named model loaded (the default model when `name` is empty), leased until the
+        request ends. A name the pool does not have is served by the default model (as
+        llama-server and LM Studio serve any name), unless the server is strict about names.
+        A model that cannot fit the budget is a 503 in words."""
+        model = self.pool.find(name)
+        if model is None:
+            if self.config.strict_model:
+                raise self.unknown_model(name or "")
+            model = self.pool.default
+        leased = _LEASED.get()
+        try:
+            await self.pool.lease(model)
+        except DoesNotFit as exc:
+            raise ApiError(503, str(exc), kind="server_error", code="model_does_not_fit") from exc
+        if leased is None:  # outside a request (a test's call): nothing would release it
+            self.pool.release(model)
+        else:
+            leased.append(model)
+        return await model.engine.ready()
 
     def unknown_model(self, name: str) -> ApiError:
+        names = ", ".join(repr(m.name) for m in self.pool.models)
         return ApiError(
             404,
-            f"The model {name[:100]!r} does not exist here; this server has {self.model_id!r} "
+            f"The model {name[:100]!r} does not exist here; this server has {names} "
             "(see /v1/models).",
             param="model",
             code="model_not_found",

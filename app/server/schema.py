@@ -300,9 +300,9 @@ def image_bytes(where: str, image_url: Any) -> bytes:
 
 
 def _params(body: Mapping[str, Any], max_tokens: Any, *, chat: bool) -> GenerationParams:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _invalid("model", "`model` is required: one of the ids /v1/models lists.")
+    model = body.get("model") or ""  # none: the server's default model
+    if not isinstance(model, str):
+        raise _invalid("model", "`model` must be one of the ids /v1/models lists, as text.")
     n = 1 if body.get("n") is None else body.get("n")
     if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
         raise _invalid("n", f"`n` must be a whole number from 1 to {MAX_CHOICES}.")

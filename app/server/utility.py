@@ -46,7 +46,7 @@ class UtilityRoutes:
         content = body.get("content")
         if not isinstance(content, str):
             raise invalid("content", "`content` must be the text to tokenize.")
-        info = await self.core.engine.ready()
+        info = await self.core.ready()
         tokens = await self.core.engine.tokenize(content, special=_flag(body, "parse_special"))
         if _flag(body, "add_special") and info.add_bos and info.bos_id is not None:
             tokens = [info.bos_id, *tokens]
@@ -60,7 +60,7 @@ class UtilityRoutes:
     async def detokenize(self, request: web.Request) -> web.Response:
         body = await self.core.body(request)
         tokens = body.get("tokens")
-        info = await self.core.engine.ready()
+        info = await self.core.ready()
         if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and 0 <= t < info.n_vocab for t in tokens
         ):
@@ -72,7 +72,7 @@ class UtilityRoutes:
     async def apply_template(self, request: web.Request) -> web.Response:
         body = await self.core.body(request)
         chat = parse_chat({"model": self.core.model_id, "messages": body.get("messages")})
-        info = await self.core.engine.ready()
+        info = await self.core.ready()
         template = ChatTemplate(
             info.chat_template, bos_token=info.bos_token, eos_token=info.eos_token
         )
@@ -84,7 +84,7 @@ class UtilityRoutes:
         return web.json_response({"prompt": prompt})
 
     async def props(self, request: web.Request) -> web.Response:
-        info = await self.core.engine.ready()
+        info = await self.core.ready()
         return web.json_response(
             {
                 "default_generation_settings": {"n_ctx": info.n_ctx, "model": self.core.model_id},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import openai
@@ -15,6 +15,7 @@ import openai
 from app.engine.host import EngineClient
 from app.engine.protocol import LoadOptions
 from app.models.default import default_model_path
+from app.pool.engines import EnginePool
 from app.server.app import ApiServer
 from app.server.requests import ServerConfig
 
@@ -38,11 +39,14 @@ class ServerThread:
         n_ctx: int = 4096,
         n_seq_max: int = 4,
         backend: str | None = None,
+        pool: Callable[[], EnginePool] | None = None,  # models on demand, instead of one engine
         **config: Any,
     ) -> None:
         model = model or str(default_model_path())
         self.options = LoadOptions(model, n_ctx=n_ctx, n_seq_max=n_seq_max)
         self.backend = backend  # None: the platform's engine
+        self.make_pool = pool
+        self.pool: EnginePool | None = None
         self.config = ServerConfig(api_key=API_KEY, port=0, **config)
         self.loop = asyncio.new_event_loop()
         self.engine: EngineClient | None = None
@@ -61,14 +65,23 @@ class ServerThread:
         self.loop.close()
 
     async def _start(self) -> None:
-        self.engine = EngineClient(self.options, backend=self.backend)
-        await self.engine.start()
-        self.server = ApiServer(self.engine, self.config)
+        if self.make_pool is not None:
+            self.pool = self.make_pool()
+            await self.pool.start()
+            self.engine = self.pool.default.engine
+            self.server = ApiServer(self.pool, self.config)
+        else:
+            self.engine = EngineClient(self.options, backend=self.backend)
+            await self.engine.start()
+            self.server = ApiServer(self.engine, self.config)
         await self.server.start()
 
     async def _stop(self) -> None:
         await self.server.stop()
-        await self.engine.close()
+        if self.pool is not None:
+            await self.pool.close()
+        else:
+            await self.engine.close()
 
     def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 120) -> Any:
         future: concurrent.futures.Future = asyncio.run_coroutine_threadsafe(coro, self.loop)

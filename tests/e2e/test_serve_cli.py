@@ -21,7 +21,9 @@ from pathlib import Path
 import openai
 import pytest
 
+from app.models.default import default_model_path
 from tests.e2e.conftest import StokeHere
+from tests.tiny_model import SEED, write_tiny_chat_model
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
@@ -126,3 +128,26 @@ def test_bench_serve_small(tmp_path: Path, tiny_model: str) -> None:
     for row in traced:
         timed = report["results"][row["server"]][str(row["conversations"])]["ttft_all_s"]
         assert round(row["ttft_s"], 4) in timed[row["turn"] - 1]
+
+
+def test_bench_serve_two_models_small(tmp_path: Path, tiny_model: str) -> None:
+    """`stoke bench serve --models 2` on two tiny models: each server's resident, restored
+    and cold TTFT; Stoke's cold loads unloaded the other model and its restored turns reused
+    their KV, which llama_cpp.server's config (one model at a time, its cache lost) cannot."""
+    second = write_tiny_chat_model(default_model_path(), tmp_path / "tiny-b.gguf", seed=SEED + 1)
+    report_path = tmp_path / "models.json"
+    command = [sys.executable, "-m", "app", "bench", "serve", "--models", "2"]
+    command += ["--model", tiny_model, "--model2", str(second), "--facts", "4"]
+    command += ["--max-tokens", "4", "--reps", "1", "--ctx", "1024", "--json", str(report_path)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert re.findall(r"^(stoke|anchor)\s+\d", done.stdout, re.MULTILINE) == ["stoke", "anchor"]
+    report = json.loads(report_path.read_text("utf-8"))
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == report and not report["failures"]
+    for row in report["results"].values():
+        assert all(row[f"{kind}_ttft_s"] > 0 for kind in ("resident", "restored", "cold"))
+        assert len(row["cold_all_s"]) == len(row["restored_all_s"]) == 2
+    stoke = report["results"]["stoke"]
+    assert stoke["cold_loads_unloaded_the_other"] == [True, True]
+    assert stoke["restored_cached_ratio"] > 0.5

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("app.doctor", "app.service"),  # `stoke doctor`s report; `stoke serve` as a system service
     ("app.server", "app.tool_loop"),  # the local API; the chat's turns with tools
     ("app.session", "app.launch"),  # one turn end to end; how a model loads
+    ("app.pool",),  # the engines loaded now: models on demand, below server and window
     ("app.toolcalls",),  # the tool-call mechanism the server and the session share
     ("app.remote_config",),
     ("app.settings", "app.presets", "app.models"),  # settings, prompt presets; the library

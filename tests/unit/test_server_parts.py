@@ -122,9 +122,11 @@ def test_request_checks() -> None:
     assert chat.messages[2].reasoning == "hm" and chat.params.max_tokens == 5
     assert chat.params.stop == ("x",)
     assert parse_completion({"model": "m", "prompt": [[5, 6]]}).prompt == (5, 6)
+    unnamed = parse_chat({"messages": [{"role": "user", "content": "x"}]})
+    assert unnamed.params.model == ""  # no `model`: the server's default model
     bad = [
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400),
-        ({"messages": [{"role": "user", "content": "x"}]}, 400),
+        ({"model": 3, "messages": [{"role": "user", "content": "x"}]}, 400),
         ({"model": "m", "messages": [{"role": "assistant", "content": "x"}]}, 400),
         ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{}]}, 400),
     ]
