@@ -20,6 +20,7 @@ import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from app.engine.protocol import EngineError, ModelInfo
 
@@ -125,3 +126,29 @@ def open_picture(data: bytes) -> Picture:
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
         raise ImageError("The image is damaged or cut short and cannot be read.") from None
     return Picture(digest(data), rgb.width, rgb.height, rgb.tobytes())
+
+
+def find_projector(model_path: Path) -> Path | None:
+    """A projector beside the model: the `*mmproj*.gguf` in its folder (the one that shares
+    the longest start of its name with the model's when there are several)."""
+    candidates = sorted(p for p in model_path.parent.glob("*.gguf") if "mmproj" in p.name.lower())
+    if not candidates:
+        return None
+
+    def shared(p: Path) -> int:
+        n = 0
+        for a, b in zip(p.name.lower(), model_path.name.lower(), strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    return max(candidates, key=shared)
+
+
+def reads_images(info: ModelInfo | None, path: Path | None) -> bool:
+    """Whether a model reads images: loaded, it has a projector; not loaded, a GGUF with one
+    beside it (what its next load will find)."""
+    if info is not None:
+        return info.projector is not None
+    return path is not None and path.suffix == ".gguf" and find_projector(path) is not None

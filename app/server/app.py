@@ -61,6 +61,7 @@ from typing import Any
 from aiohttp import web
 
 from app.engine.host import EngineClient, EngineState
+from app.engine.images import reads_images
 from app.engine.protocol import EngineError, ModelInfo, PrefillProgress
 from app.pool.engines import EnginePool, Pooled
 from app.server import auth
@@ -297,7 +298,7 @@ class ApiServer(RequestCore):
             "capabilities": {
                 "completion": True,
                 "tools": bool(entry.chat_template) if entry else True,
-                "vision": False,  # no image input on either local engine yet
+                "vision": reads_images(info if model.state == "loaded" else None, path),
                 "embeddings": gguf and model.backend == "llama.cpp",
             },
             "context_length": context,

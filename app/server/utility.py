@@ -94,7 +94,7 @@ class UtilityRoutes:
                 "chat_template": info.chat_template,
                 "bos_token": info.bos_token,
                 "eos_token": info.eos_token,
-                "modalities": {"vision": False, "audio": False},
+                "modalities": {"vision": info.projector is not None, "audio": False},
                 "build_info": f"stoke {_version()}",
             }
         )

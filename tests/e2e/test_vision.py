@@ -130,6 +130,8 @@ def test_the_three_api_shapes_see_the_image_and_follow_ups_reuse_it(
     server.options = replace(server.options, model_path=vision_model, n_ctx=2048)
     with server:
         client = server.client()
+        listed = {m.id: m.model_extra for m in client.models.list().data}
+        assert listed[server.model]["capabilities"]["vision"] is True
         ask = [
             {"type": "text", "text": "What is in this picture?"},
             {"type": "image_url", "image_url": {"url": _data_url(RED)}},
