@@ -155,9 +155,9 @@ def test_serve_names_a_pin_it_does_not_have_in_one_line(stoke_here) -> None:
 
 
 def test_litellm_embeddings_load_the_model_they_name(library: dict[str, LoadOptions]) -> None:
-    """LiteLLM's OpenAI provider against the pool (a dev machine with `litellm` installed;
-    skipped where it is not)."""
-    litellm = pytest.importorskip("litellm")
+    """LiteLLM's OpenAI provider against the pool."""
+    import litellm  # a dev dependency; imported here, as it takes seconds to import
+
     with ServerThread(pool=_pool(library, fits=1)) as server:
         answer = litellm.embedding(
             model="openai/tiny-b", input=["a glacier"], api_base=server.url, api_key=API_KEY
