@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.bench.output import emit
+
 CHILD_TIMEOUT_S = 600.0
 
 
@@ -185,11 +187,7 @@ def table(report: dict[str, Any]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     report = measure(args)
-    print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
-    print(json.dumps(report))
-    return 0
+    return emit(report, table(report), args.json)
 
 
 if __name__ == "__main__":

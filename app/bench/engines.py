@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app.bench.output import emit
 from app.engine.protocol import GenerationStats, LoadOptions, SamplingParams
 
 Side = Callable[[list[int], int], tuple[float, float]]  # (prompt, n) -> prefill, decode tok/s
@@ -228,8 +228,4 @@ def table(report: dict[str, Any]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     report = measure(args)
-    print(table(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
-    print(json.dumps(report))
-    return 0
+    return emit(report, table(report), args.json)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.bench.output import emit
 from app.conversations import ConversationStore
 from app.engine.host import EngineClient
 from app.engine.prewarm import Prewarmer
@@ -569,8 +569,4 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     report = asyncio.run(run_bench(args))
-    print(render(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
-    print(json.dumps(report))
-    return 0
+    return emit(report, render(report), args.json)

@@ -20,7 +20,6 @@ and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.kv import machine, paragraph
+from app.bench.output import emit
 from app.engine.protocol import LoadOptions
 from app.engine.slots import SlotEngine
 
@@ -259,8 +259,4 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     report = run_bench(args)
-    print(render(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
-    print(json.dumps(report))
-    return 0
+    return emit(report, render(report), args.json)

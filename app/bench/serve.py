@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from app.bench import agent
 from app.bench.kv import machine, median
+from app.bench.output import emit
 
 if TYPE_CHECKING:
     import openai
@@ -658,11 +659,8 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop both servers on the way out
     if args.models == 2:
         report = run_models_bench(args)
-        print(render_models(report))
+        emit(report, render_models(report), args.json)
     else:
         report = run_bench(args)
-        print(render(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
-    print(json.dumps(report))
+        emit(report, render(report), args.json)
     return 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import signal
@@ -36,6 +35,7 @@ from typing import Any
 
 from app.bench import agent
 from app.bench.kv import machine, median
+from app.bench.output import emit
 from app.bench.serve import API_KEY, LOGS, anchor_server, warm_up
 from app.tool_loop import CallProgress, RoundDone, ToolEvent, ToolLoop, ToolOutcome
 from app.toolcalls.tools import ToolCall, ToolSpec
@@ -272,8 +272,4 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the anchor on the way out
     report = run_bench(args)
-    print(render(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
-    print(json.dumps(report))
-    return 0
+    return emit(report, render(report), args.json)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from app.bench.output import emit
 
 TARGET_MS = 50.0
 PROMPT = "Write a long story about a lighthouse keeper, with many details, in ten chapters."
@@ -114,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
         asyncio.set_event_loop(loop)
         with loop:
             report = loop.run_until_complete(measure(args.tokens, args.reps, args.attach_tokens))
-    print(
+    summary = (
         f"ui stall while streaming {args.tokens}-token replies (median of {args.reps}): "
         f"longest {report['longest_stall_ms']} ms (each {report['longest_stall_ms_each']}), "
         f"p99 gap {report['p99_gap_ms']} ms; while a {args.attach_tokens:,}-token file is "
@@ -122,7 +123,5 @@ def main(args: argparse.Namespace) -> int:
         f"(each {report['attach_longest_stall_ms_each']}); target < {TARGET_MS:.0f} ms: "
         f"{'PASS' if report['pass'] else 'FAIL'}"
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", "utf-8")
-    print(json.dumps(report))
+    emit(report, summary, args.json)
     return 0 if report["pass"] else 1
