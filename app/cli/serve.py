@@ -121,26 +121,25 @@ def _backoff(text: str) -> tuple[float, ...]:
     return waits
 
 
-def _gib(text: str) -> int:
-    """A budget in GiB, as bytes."""
+def _positive(text: str, unit: str) -> float:
+    """A number above 0 from a flag, or the flag's error in words naming the unit."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB above 0")
-    return int(value * GIB)
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit} above 0")
+    return value
+
+
+def _gib(text: str) -> int:
+    """A budget in GiB, as bytes."""
+    return int(_positive(text, "GiB") * GIB)
 
 
 def _seconds(text: str) -> float:
     """A timeout in seconds; 0 would mean none to aiohttp, which is what the flags prevent."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
-    return value
+    return _positive(text, "seconds")
 
 
 def run(args: argparse.Namespace) -> int:
