@@ -97,14 +97,15 @@ def test_anthropic_blocks_become_chat_messages() -> None:
 def test_anthropic_refuses_what_it_cannot_take() -> None:
     with pytest.raises(ApiError, match="max_tokens"):
         to_chat_body({"model": "m", "messages": [{"role": "user", "content": "x"}]})
-    with pytest.raises(ApiError, match="'image' block"):
-        to_chat_body(
-            {
-                "model": "m",
-                "max_tokens": 1,
-                "messages": [{"role": "user", "content": [{"type": "image"}]}],
-            }
-        )
+    for block, words in (({"type": "document"}, "'document' block"), ({"type": "image"}, "base64")):
+        with pytest.raises(ApiError, match=words):
+            to_chat_body(
+                {
+                    "model": "m",
+                    "max_tokens": 1,
+                    "messages": [{"role": "user", "content": [block]}],
+                }
+            )
 
 
 def test_responses_items_become_chat_messages() -> None:
