@@ -104,6 +104,33 @@ def _decode(model: Any, prompt: list[int], n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+def decode_steps(models: dict[str, Any], prompt: list[int], n: int) -> dict[str, float]:
+    """Decode tok/s of each model from the median of `n` single steps taken in turn, one
+    model's step then the other's: on a machine whose load comes and goes, both see the
+    same moments, where whole runs one after the other did not (runs of the same model
+    ranged 10-32 tok/s on the busy 2-core box)."""
+    import mlx.core as mx
+
+    state = {}
+    for name, model in models.items():
+        cache = model.make_cache()
+        out = model(mx.array([prompt]), cache=cache)
+        token = mx.argmax(getattr(out, "logits", out)[0, -1])
+        mx.eval(token)
+        state[name] = (cache, token)
+    steps: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(n):
+        for name, model in models.items():
+            cache, token = state[name]
+            start = time.perf_counter()
+            out = model(token.reshape(1, 1), cache=cache)
+            token = mx.argmax(getattr(out, "logits", out)[0, -1])
+            mx.eval(token)
+            steps[name].append(time.perf_counter() - start)
+            state[name] = (cache, token)
+    return {name: 1 / statistics.median(times) for name, times in steps.items()}
+
+
 def _pair(exact: bool, **dims: int) -> dict[str, Any]:
     """Stoke's and mlx-vlm's models of one release folder: both in float32 (`exact`, to compare
     their functions), else as each engine holds them on this device (Stoke's `fit_device`;
@@ -176,6 +203,9 @@ def measure(
         for name, kind, fn in steps:
             runs[name][kind].append(fn())
     medians = {n: {k: statistics.median(v) for k, v in kinds.items()} for n, kinds in runs.items()}
+    stepped = decode_steps(models, short, decode * rounds)
+    for name, rate in stepped.items():
+        medians[name]["decode_step"] = rate
     report = {
         "device": str(mx.default_device()),
         "preset": preset,
@@ -187,7 +217,10 @@ def measure(
         "picked": {"max_abs_logit_diff": picked[0], "top1_agreement": picked[1]},
         "tok_s": medians,
         "runs": runs,
-        "ratio": {k: medians["stoke"][k] / medians["mlx-vlm"][k] for k in ("prefill", "decode")},
+        "ratio": {
+            k: medians["stoke"][k] / medians["mlx-vlm"][k]
+            for k in ("prefill", "decode", "decode_step")
+        },
     }
     if parts:
         from app.bench.deepseek_v4_profile import profile
@@ -201,12 +234,14 @@ def decision(report: dict[str, Any]) -> str:
     # the same function: equal to float32 rounding on the CPU; a GPU's float32 matmuls round
     # more (TF32), which these random models' flat logits feel, so there top-1 decides
     exact = report["every_row"]["top1_agreement"] >= 0.99
-    fast = min(report["ratio"].values()) >= PAR
+    # decode by steps taken in turn (decode_steps): whole runs swing with the machine's load
+    judged = {k: r for k, r in report["ratio"].items() if k != "decode"}
+    fast = min(judged.values()) >= PAR
     if exact and fast:
         return "keep Stoke's model: as exact as mlx-vlm's and at least as fast"
     if not exact:
         return "the models disagree: find which one is wrong before choosing"
-    slow = ", ".join(k for k, r in report["ratio"].items() if r < PAR)
+    slow = ", ".join(k for k, r in judged.items() if r < PAR)
     return f"Stoke's model is slower at {slow}: build on mlx-vlm's there, or find the cause"
 
 
@@ -215,12 +250,14 @@ def table(report: dict[str, Any]) -> str:
     rows = [
         f"DeepSeek V4 ({report['preset']}, {report['device']}): Stoke vs mlx-vlm, same weights, "
         f"medians of {report['rounds']}",
-        f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13}",
+        f"{'':10} {'prefill tok/s':>14} {'decode tok/s':>13} {'decode, steps in turn':>22}",
         *(
-            f"{name:10} {tok[name]['prefill']:14.1f} {tok[name]['decode']:13.1f}"
+            f"{name:10} {tok[name]['prefill']:14.1f} {tok[name]['decode']:13.1f} "
+            f"{tok[name]['decode_step']:22.1f}"
             for name in ("stoke", "mlx-vlm")
         ),
-        f"{'ratio':10} {report['ratio']['prefill']:13.2f}x {report['ratio']['decode']:12.2f}x",
+        f"{'ratio':10} {report['ratio']['prefill']:13.2f}x {report['ratio']['decode']:12.2f}x "
+        f"{report['ratio']['decode_step']:21.2f}x",
         *(
             f"{label}: max |logit difference| {report[key]['max_abs_logit_diff']:.2e}, "
             f"top-1 agreement {report[key]['top1_agreement']:.1%} over "
