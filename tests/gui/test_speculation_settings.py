@@ -1,4 +1,5 @@
-"""Speculative decoding in the window, on the real engine and default model: the status line
+"""Speculative decoding in the window, on the real engine (the status line's on the tests' tiny
+model, whose greedy repeats lookup drafts from; the rest on the default model): the status line
 shows the last reply's decode speed and the share of its drafts the model kept, both read
 from that reply's own stats (and nothing about drafts when it drafted nothing); Settings >
 Speculative Decoding offers the library's compatible draft models and "None", and saving
@@ -64,9 +65,13 @@ def _open(harness: Harness, window: MainWindow) -> SpeculationDialog:
     return dialog
 
 
-def test_status_line_shows_the_replys_decode_speed_and_drafts_kept(harness: Harness) -> None:
-    window = harness.start(n_ctx=2048, speculation="lookup")
-    stats = _send(harness, EDIT, 120)  # the reply copies the prompt's code: lookup drafts
+def test_status_line_shows_the_replys_decode_speed_and_drafts_kept(
+    harness: Harness, tiny_model: str
+) -> None:
+    # The tests' tiny model (tests/tiny_model.py), as tests/e2e/test_speculation_stats.py:
+    # lookup drafts from the repeats its greedy reply falls into; the line is what is proven.
+    window = harness.start(tiny_model, n_ctx=2048, speculation="lookup")
+    stats = _send(harness, EDIT, 120)
     assert stats["drafted_tokens"] > 0
     kept = stats["accepted_tokens"] / stats["drafted_tokens"]
     assert 0 <= kept <= 1
