@@ -1,22 +1,24 @@
-"""Speculative decoding in the window, on the real engine (the status line's on the tests' tiny
-model, whose greedy repeats lookup drafts from; the rest on the default model): the status line
-shows the last reply's decode speed and the share of its drafts the model kept, both read
-from that reply's own stats (and nothing about drafts when it drafted nothing); Settings >
-Speculative Decoding offers the library's compatible draft models and "None", and saving
-reloads the engine with the chosen method and draft model at once."""
+"""Speculative decoding in the window, on the real engine and the tests' tiny model (whose
+greedy repeats lookup drafts from; tests/tiny_model.py) with a one-block tiny model as the
+draft: the status line shows the last reply's decode speed and the share of its drafts the
+model kept, both read from that reply's own stats (and nothing about drafts when it drafted
+nothing); Settings > Speculative Decoding offers the library's compatible draft models and
+"None", and saving reloads the engine with the chosen method and draft model at once."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from pytestqt.qtbot import QtBot
 
+import tests.tiny_model
 from app import paths
 from app.models.default import default_model_path
-from app.models.truncated_gguf import write_truncated
 from app.settings import Settings
 from app.ui.main_window import MainWindow, stats_line
 from app.ui.message_widget import stats_summary
@@ -92,15 +94,26 @@ def test_status_line_shows_the_replys_decode_speed_and_drafts_kept(
     assert f"decode {plain['decode_tok_s']:,.1f} tok/s" in line and "drafts" not in line
 
 
-def test_settings_offer_the_librarys_drafts_and_apply_the_chosen_one(harness: Harness) -> None:
+def test_settings_offer_the_librarys_drafts_and_apply_the_chosen_one(
+    harness: Harness, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tests' tiny model, and a one-block tiny model as its draft: its tokenizer entries
+    # copied as they are (tests/tiny_model.py), where write_truncated's Python walk of them
+    # took 15 s. What is proven is the offer, the reload and the saved choice, not the words
+    # (the drafts' exactness is tests/e2e/test_speculative.py's).
     models = paths.models_dir()
-    draft = write_truncated(Path(default_model_path()), models / "SmolLM2-draft-2.gguf", 2)
-    window = harness.start(n_ctx=2048, speculation="off")
+    models.mkdir(parents=True, exist_ok=True)
+    target = shutil.copyfile(tiny_model, models / "tiny-chat.gguf")  # drafts are the library's
+    monkeypatch.setattr(tests.tiny_model, "N_LAYER", 1)
+    draft = tests.tiny_model.write_tiny_chat_model(
+        default_model_path(), models / "tiny-draft-1.gguf"
+    )
+    window = harness.start(str(target), n_ctx=2048, speculation="off")
     dialog = _open(harness, window)
     rows = _draft_rows(dialog)
     assert rows[0] == (NONE_TEXT, None)
     assert [data for _, data in rows[1:]] == [str(draft)]  # the loaded model is not its own
-    assert rows[1][0].startswith("SmolLM2-draft-2")
+    assert rows[1][0].startswith("tiny-draft-1")
     assert "1 model of the library can draft" in dialog.status.text()
     _save(harness, dialog, "draft", str(draft))
     options = window.session.engine.options
