@@ -1,6 +1,6 @@
 """Speculative decoding in the window, on the real engine and the tests' tiny model (whose
-greedy repeats lookup drafts from; tests/tiny_model.py) with a one-block tiny model as the
-draft: the status line shows the last reply's decode speed and the share of its drafts the
+greedy repeats lookup drafts from; tests/tiny_model.py) and its first block as the draft
+model: the status line shows the last reply's decode speed and the share of its drafts the
 model kept, both read from that reply's own stats (and nothing about drafts when it drafted
 nothing); Settings > Speculative Decoding offers the library's compatible draft models and
 "None", and saving reloads the engine with the chosen method and draft model at once."""
@@ -11,14 +11,13 @@ import asyncio
 import shutil
 from pathlib import Path
 
-import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 from pytestqt.qtbot import QtBot
 
-import tests.tiny_model
 from app import paths
 from app.models.default import default_model_path
+from app.models.truncated_gguf import write_truncated
 from app.settings import Settings
 from app.ui.main_window import MainWindow, stats_line
 from app.ui.message_widget import stats_summary
@@ -95,19 +94,14 @@ def test_status_line_shows_the_replys_decode_speed_and_drafts_kept(
 
 
 def test_settings_offer_the_librarys_drafts_and_apply_the_chosen_one(
-    harness: Harness, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, tiny_model: str
 ) -> None:
-    # The tests' tiny model, and a one-block tiny model as its draft: its tokenizer entries
-    # copied as they are (tests/tiny_model.py), where write_truncated's Python walk of them
-    # took 15 s. What is proven is the offer, the reload and the saved choice, not the words
-    # (the drafts' exactness is tests/e2e/test_speculative.py's).
+    # The tests' tiny model and its first block as its draft (tests/e2e/test_speculative.py's
+    # pair): what is proven is the offer, the reload and the saved choice, not the words.
     models = paths.models_dir()
     models.mkdir(parents=True, exist_ok=True)
     target = shutil.copyfile(tiny_model, models / "tiny-chat.gguf")  # drafts are the library's
-    monkeypatch.setattr(tests.tiny_model, "N_LAYER", 1)
-    draft = tests.tiny_model.write_tiny_chat_model(
-        default_model_path(), models / "tiny-draft-1.gguf"
-    )
+    draft = write_truncated(target, models / "tiny-draft-1.gguf", 1)
     window = harness.start(str(target), n_ctx=2048, speculation="off")
     dialog = _open(harness, window)
     rows = _draft_rows(dialog)
