@@ -26,12 +26,6 @@ def _other_model(folder: Path) -> str:
     return str(Library().import_model(copy, "move").path)
 
 
-def _library_copy(model: str, copy: Path) -> str:
-    """`model` copied into the library as `copy`'s name: a fingerprint of its own."""
-    shutil.copyfile(model, copy)
-    return str(Library().import_model(copy, "move").path)
-
-
 def _scanned(harness: Harness, switcher: ModelSwitcher, count: int) -> None:
     before = switcher.scans
     harness.act(switcher.refresh)
@@ -74,20 +68,17 @@ def test_picker_lists_the_library_with_fit_badges(harness: Harness, tmp_path: Pa
 
 
 def test_switching_keeps_the_conversation_and_switching_back_restores_its_kv(
-    harness: Harness, tmp_path: Path, tiny_model: str
+    harness: Harness, tmp_path: Path
 ) -> None:
-    # Two copies of the tests' tiny model in the library (tests/tiny_model.py): the switch and
-    # the KV snapshot are the point, not the words, and SmolLM2's prefills were most of it.
-    first = _library_copy(tiny_model, tmp_path / "Tiny-A.gguf")
-    other = _library_copy(tiny_model, tmp_path / "Tiny-B.gguf")
-    window = harness.start(first)
-    _scanned(harness, window.model_switcher, 3)  # the default model too
+    window = harness.start()
+    other = _other_model(tmp_path)
+    _scanned(harness, window.model_switcher, 2)
     conversation = window.conversation_id
     window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": 8})
     harness.type_and_send("Name three colours of the rainbow.")
     harness.turn()
     shown = [m.id for m in window.store.current_path(conversation)]
-    assert window.store.get_conversation(conversation).model == first
+    assert window.store.get_conversation(conversation).model == str(default_model_path())
 
     _choose(harness, other)
     assert window.conversation_id == conversation  # still open, on the other model
@@ -98,12 +89,12 @@ def test_switching_keeps_the_conversation_and_switching_back_restores_its_kv(
     assert window.model_switcher.picker.current_path() == other
     assert [m.id for m in window.store.current_path(conversation)] == shown
 
-    _choose(harness, first)
+    _choose(harness, str(default_model_path()))
     back = _prewarmed(harness, conversation)
     assert back.restored_tokens > 0  # the snapshot taken before the switch
     assert back.prefilled_tokens < back.prompt_tokens
     assert back.restored_tokens + back.prefilled_tokens >= back.prompt_tokens
-    assert window.store.get_conversation(conversation).model == first
+    assert window.store.get_conversation(conversation).model == str(default_model_path())
     harness.type_and_send("And one more?")
     harness.turn()
     assert window.store.current_path(conversation)[-1].status == "complete"
