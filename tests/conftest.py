@@ -55,6 +55,17 @@ def cpu_buffer_verdict(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home / "cache" / VERDICT_FILE
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tests' tiny chat model (tests/tiny_model.py): SmolLM2's tokenizer, random weights;
+    for the engine's tests and the window's alike, where the reply's words do not matter."""
+    from app.models.default import default_model_path
+    from tests.tiny_model import write_tiny_chat_model
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    return str(write_tiny_chat_model(default_model_path(), folder / "tiny-chat.gguf"))
+
+
 @pytest.fixture(autouse=True)
 def stoke_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_buffer_verdict: Path) -> Path:
     home = tmp_path / "stoke-home"

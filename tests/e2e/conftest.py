@@ -44,15 +44,6 @@ def engine() -> str:
     return "llama.cpp"
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The tests' tiny chat model (tests/tiny_model.py): SmolLM2's tokenizer, random weights."""
-    from tests.tiny_model import write_tiny_chat_model
-
-    folder = tmp_path_factory.mktemp("tiny-model")
-    return str(write_tiny_chat_model(default_model_path(), folder / "tiny-chat.gguf"))
-
-
 @pytest.fixture
 def model_path(engine: str, request: pytest.FixtureRequest) -> str:
     """The default model on llama.cpp; on MLX, whose CPU build runs SmolLM2 at a few tokens a

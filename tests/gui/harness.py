@@ -54,8 +54,11 @@ class Harness:
     def run(self, work: Coroutine[Any, Any, Any]) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(work, TIMEOUT_S))
 
-    def start(self, **options: Any) -> MainWindow:
-        load = LoadOptions(str(default_model_path()), **{"n_ctx": 4096, **options})
+    def start(self, model: str | None = None, **options: Any) -> MainWindow:
+        """The window on `model` (the default model where None: the tests' tiny model
+        where the reply's words do not matter, tests/tiny_model.py)."""
+        path = model or str(default_model_path())
+        load = LoadOptions(path, **{"n_ctx": 4096, **options})
         self.window, self.session = self.run(open_window(load, None, "light"))
         self.run(self.session.engine.ready())
         self.run(self.window.prewarm.idle())

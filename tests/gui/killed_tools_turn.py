@@ -1,5 +1,5 @@
 """A tool turn run as the window runs one, in a child process for a test to kill -9:
-`python -m tests.gui.killed_tools_turn CONVERSATION MARKER ROUNDS`.
+`python -m tests.gui.killed_tools_turn MODEL CONVERSATION MARKER ROUNDS`.
 
 It is the window's turn without Qt: the session on its own engine, the tool loop with an
 McpRunner over a pool of STOKE_HOME's mcp.json, rounds before ROUNDS forced to call `pid`.
@@ -19,14 +19,13 @@ from app.engine.host import EngineClient
 from app.engine.protocol import LoadOptions
 from app.mcp import config
 from app.mcp.pool import Pool
-from app.models.default import default_model_path
 from app.session import ChatSession
 from app.tool_loop import CallRequest, Decision, McpRunner, ToolLoop
 
 QUESTION = "Find the server's process id, five times."
 
 
-async def _turn(conversation_id: str, marker: Path, rounds: int) -> None:
+async def _turn(model: str, conversation_id: str, marker: Path, rounds: int) -> None:
     asked: list[CallRequest] = []
 
     async def ask(request: CallRequest) -> Decision:
@@ -37,7 +36,7 @@ async def _turn(conversation_id: str, marker: Path, rounds: int) -> None:
         return Decision(allow=True)
 
     with ConversationStore.open() as store:
-        engine = EngineClient(LoadOptions(str(default_model_path()), n_ctx=4096))
+        engine = EngineClient(LoadOptions(model, n_ctx=4096))
         await engine.start()
         async with Pool(config.load().servers) as pool:
             loop = ToolLoop(
@@ -49,4 +48,4 @@ async def _turn(conversation_id: str, marker: Path, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_turn(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])))
+    asyncio.run(_turn(sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])))

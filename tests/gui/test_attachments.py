@@ -1,6 +1,9 @@
 """Attachments in the window, on the real engine: a dropped file is prefilled before the
 question is typed (the engine's counters say so), shown as chips, stored with the message,
-exported and imported; a PDF's text is read; a dropped .gguf goes to the library."""
+exported and imported; a PDF's text is read; a dropped .gguf goes to the library. The
+engine runs the tests' tiny model (tests/tiny_model.py: SmolLM2's tokenizer and template,
+random weights): what is proven is the tokens the engine holds and reads, the chips and the
+records, never the reply's words; SmolLM2's prefills of the file took most of a minute."""
 
 from __future__ import annotations
 
@@ -66,9 +69,9 @@ def attached(harness: Harness, window: MainWindow, count: int) -> list[dict]:
 
 
 def test_a_dropped_file_is_prefilled_before_the_question_and_only_the_question_after_enter(
-    harness: Harness, tmp_path: Path
+    harness: Harness, tmp_path: Path, tiny_model: str
 ) -> None:
-    window = harness.start()
+    window = harness.start(tiny_model)
     cid = window.conversation_id
     window.store.set_sampling(cid, {"temperature": 0, "max_tokens": 8})
     assert drop(window, [document(tmp_path)])
@@ -111,9 +114,9 @@ def test_a_dropped_file_is_prefilled_before_the_question_and_only_the_question_a
 
 
 def test_the_paperclip_reads_a_pdf_removes_files_and_refuses_in_words(
-    harness: Harness, tmp_path: Path, monkeypatch
+    harness: Harness, tmp_path: Path, monkeypatch, tiny_model: str
 ) -> None:
-    window = harness.start()
+    window = harness.start(tiny_model)
     pdf = write_pdf(tmp_path / "manual.pdf", [["Press the red button twice."], ["Then wait."]])
     locked = write_pdf(tmp_path / "locked.pdf", [["secret"]], password="pw")
     chosen = [str(pdf)]
@@ -138,9 +141,9 @@ def test_the_paperclip_reads_a_pdf_removes_files_and_refuses_in_words(
 
 
 def test_files_dropped_on_the_composer_attach_and_a_gguf_goes_to_the_library(
-    harness: Harness, tmp_path: Path
+    harness: Harness, tmp_path: Path, tiny_model: str
 ) -> None:
-    window = harness.start()
+    window = harness.start(tiny_model)
     notes = tmp_path / "todo.txt"
     notes.write_text("buy rope\nfix the lamp\n", "utf-8")
     assert drop(window.composer.editor.viewport(), [notes])

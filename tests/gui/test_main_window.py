@@ -62,6 +62,10 @@ def test_send_streams_reply_then_stop_and_continue(harness: Harness):
     assert reply.status == "interrupted" and reply.content
     continue_button = button(window, reply.id, "continueButton")
     assert continue_button.isVisible()
+    # A continued reply finishes its budget (200 above, for Esc to land mid-reply): a few
+    # more tokens prove it goes on where it stopped, without counting on to 100.
+    budget = reply.stats["generated_tokens"] + 12
+    window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": budget})
     harness.act(continue_button.click)
     harness.turn()
     continued = window.store.get_message(reply.id)

@@ -1,4 +1,7 @@
-"""A full context on the real engine: the banner offers only the ways out that can work."""
+"""A full context on the real engine: the banner offers only the ways out that can work. The
+engine runs the tests' tiny model (tests/tiny_model.py: SmolLM2's tokenizer and template,
+random weights): what fits is counted in its tokens, which are SmolLM2's; the words of the
+four-token replies are not the point."""
 
 from __future__ import annotations
 
@@ -16,8 +19,10 @@ def _editor(window, message_id: str) -> QPlainTextEdit | None:
     return None
 
 
-def test_a_message_too_long_alone_offers_shorten_and_a_larger_context(harness: Harness):
-    window = harness.start(n_ctx=256)
+def test_a_message_too_long_alone_offers_shorten_and_a_larger_context(
+    harness: Harness, tiny_model: str
+):
+    window = harness.start(tiny_model, n_ctx=256)
     conversation = window.conversation_id
     window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": 4})
     harness.act(lambda: window.spawn(window.send_message("Describe the sea at dawn. " * 60)))
@@ -40,8 +45,8 @@ def test_a_message_too_long_alone_offers_shorten_and_a_larger_context(harness: H
     assert not window.banner.isVisible()
 
 
-def test_a_long_history_offers_dropping_turns_and_dropping_works(harness: Harness):
-    window = harness.start(n_ctx=512)
+def test_a_long_history_offers_dropping_turns_and_dropping_works(harness: Harness, tiny_model: str):
+    window = harness.start(tiny_model, n_ctx=512)
     conversation = window.conversation_id
     window.store.set_sampling(conversation, {"temperature": 0, "max_tokens": 4})
     for _ in range(5):

@@ -67,16 +67,19 @@ def test_remote_server_save_switches_the_engine_now(
     harness: Harness,
     keychain: object,  # noqa: F811 (a keychain in memory, not this machine's)
     monkeypatch: pytest.MonkeyPatch,
+    tiny_model: str,
 ) -> None:
+    # The server and the window on the tests' tiny model (tests/tiny_model.py, SmolLM2's
+    # tokenizer): what is proven is the switch there and back, not the words.
     monkeypatch.delenv(KEY_ENV, raising=False)
-    with ServerThread() as server:
-        window = harness.start()
+    with ServerThread(model=tiny_model) as server:
+        window = harness.start(tiny_model)
         conversation = window.conversation_id
         dialog = window.open_remote_settings()
         dialog.use_remote.setChecked(True)
         dialog.url.setText(server.url.removesuffix("/v1"))
         dialog.mode.setCurrentText("tokens")
-        dialog.tokenizer.setText(str(default_model_path()))
+        dialog.tokenizer.setText(tiny_model)
         dialog.key.setText(API_KEY)
         harness.act(dialog.save)
         _reloaded(harness)

@@ -1,12 +1,14 @@
-"""Speculative decoding in the window, on the real engine and default model: the status line
-shows the last reply's decode speed and the share of its drafts the model kept, both read
-from that reply's own stats (and nothing about drafts when it drafted nothing); Settings >
-Speculative Decoding offers the library's compatible draft models and "None", and saving
-reloads the engine with the chosen method and draft model at once."""
+"""Speculative decoding in the window, on the real engine and the tests' tiny model (whose
+greedy repeats lookup drafts from; tests/tiny_model.py) and its first block as the draft
+model: the status line shows the last reply's decode speed and the share of its drafts the
+model kept, both read from that reply's own stats (and nothing about drafts when it drafted
+nothing); Settings > Speculative Decoding offers the library's compatible draft models and
+"None", and saving reloads the engine with the chosen method and draft model at once."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -64,9 +66,13 @@ def _open(harness: Harness, window: MainWindow) -> SpeculationDialog:
     return dialog
 
 
-def test_status_line_shows_the_replys_decode_speed_and_drafts_kept(harness: Harness) -> None:
-    window = harness.start(n_ctx=2048, speculation="lookup")
-    stats = _send(harness, EDIT, 120)  # the reply copies the prompt's code: lookup drafts
+def test_status_line_shows_the_replys_decode_speed_and_drafts_kept(
+    harness: Harness, tiny_model: str
+) -> None:
+    # The tests' tiny model (tests/tiny_model.py), as tests/e2e/test_speculation_stats.py:
+    # lookup drafts from the repeats its greedy reply falls into; the line is what is proven.
+    window = harness.start(tiny_model, n_ctx=2048, speculation="lookup")
+    stats = _send(harness, EDIT, 120)
     assert stats["drafted_tokens"] > 0
     kept = stats["accepted_tokens"] / stats["drafted_tokens"]
     assert 0 <= kept <= 1
@@ -87,15 +93,21 @@ def test_status_line_shows_the_replys_decode_speed_and_drafts_kept(harness: Harn
     assert f"decode {plain['decode_tok_s']:,.1f} tok/s" in line and "drafts" not in line
 
 
-def test_settings_offer_the_librarys_drafts_and_apply_the_chosen_one(harness: Harness) -> None:
+def test_settings_offer_the_librarys_drafts_and_apply_the_chosen_one(
+    harness: Harness, tiny_model: str
+) -> None:
+    # The tests' tiny model and its first block as its draft (tests/e2e/test_speculative.py's
+    # pair): what is proven is the offer, the reload and the saved choice, not the words.
     models = paths.models_dir()
-    draft = write_truncated(Path(default_model_path()), models / "SmolLM2-draft-2.gguf", 2)
-    window = harness.start(n_ctx=2048, speculation="off")
+    models.mkdir(parents=True, exist_ok=True)
+    target = shutil.copyfile(tiny_model, models / "tiny-chat.gguf")  # drafts are the library's
+    draft = write_truncated(target, models / "tiny-draft-1.gguf", 1)
+    window = harness.start(str(target), n_ctx=2048, speculation="off")
     dialog = _open(harness, window)
     rows = _draft_rows(dialog)
     assert rows[0] == (NONE_TEXT, None)
     assert [data for _, data in rows[1:]] == [str(draft)]  # the loaded model is not its own
-    assert rows[1][0].startswith("SmolLM2-draft-2")
+    assert rows[1][0].startswith("tiny-draft-1")
     assert "1 model of the library can draft" in dialog.status.text()
     _save(harness, dialog, "draft", str(draft))
     options = window.session.engine.options

@@ -1,6 +1,8 @@
 """Tool calls and tool results in the window, offscreen: closed rows that open with the mouse
 or the keyboard, long results cut with a way to see all, both themes, and an imported agent
-conversation that goes on as a chat on the real engine and model."""
+conversation that goes on as a chat on the real engine (the tests' tiny model,
+tests/tiny_model.py: what is proven is the rows and the KV the next turn reuses, not the
+model's words)."""
 
 from __future__ import annotations
 
@@ -143,9 +145,9 @@ def _background(widget: QWidget) -> QColor:
 
 
 def test_an_imported_agent_conversation_shows_closed_rows_and_the_chat_goes_on(
-    harness: Harness, tmp_path: Path
+    harness: Harness, tmp_path: Path, tiny_model: str
 ) -> None:
-    window = harness.start()
+    window = harness.start(tiny_model)
     log = tmp_path / "agent-log.json"
     log.write_text(json.dumps({"model": "gpt-4o", "messages": AGENT_LOG}), "utf-8")
 

@@ -1,13 +1,16 @@
-"""The window's tools on the real engine and default model, with the tests' own MCP server
+"""The window's tools on the real engine and the tests' tiny model, with the tests' own MCP server
 (tests/mcp_server.py, over stdio) in the test's mcp.json: the approval prompt and the calls'
 rows, a five-round loop that prefills only each result and the template's glue, and a loop
 whose engine is killed mid-way, then continued; and a turn whose whole process was killed
 mid-way (tests/gui/killed_tools_turn.py runs the window's turn without Qt), continued in the
 window; and the rounds-per-turn setting stopping a turn that Continue goes on with.
 
-The small model would not call a tool by itself, so the window's `tools.choice` forces the
-rounds before the last to call `pid` (a tool without arguments) with the grammar the API
-server forces `tool_choice` with; the last answers in words.
+The model would not call a tool by itself, so the window's `tools.choice` forces the rounds
+before the last to call `pid` (a tool without arguments) with the grammar the API server
+forces `tool_choice` with; the last answers in words. What is proven is the approval, the
+calls, the rows and the prefills, not the model's words, so the model is the tests' tiny one
+(tests/tiny_model.py: SmolLM2's tokenizer and template, random weights), as in
+tests/e2e/test_chat_tools.py: SmolLM2's rounds took most of this file's three minutes.
 """
 
 from __future__ import annotations
@@ -42,12 +45,12 @@ def _forced(rounds: int):
     return lambda number: "pid" if number < rounds else "none"
 
 
-def _window(harness: Harness, *, trusted: bool, rounds: int) -> MainWindow:
+def _window(harness: Harness, model: str, *, trusted: bool, rounds: int) -> MainWindow:
     if config.load().server("tiny") is None:
         config.add_server(tiny())
     if trusted:
         trust.set_trusted("tiny", True)
-    window = harness.start()
+    window = harness.start(model)
     window.store.set_sampling(window.conversation_id, SAMPLING)
     window.tools.choice = _forced(rounds)
     return window
@@ -72,8 +75,10 @@ def _row_state(window: MainWindow, call_id: str) -> str:
     return ""
 
 
-def test_a_call_waits_for_approval_and_runs_once_allowed_or_is_denied(harness: Harness):
-    window = _window(harness, trusted=False, rounds=2)
+def test_a_call_waits_for_approval_and_runs_once_allowed_or_is_denied(
+    harness: Harness, tiny_model: str
+):
+    window = _window(harness, tiny_model, trusted=False, rounds=2)
     heard: list[tuple[str, str]] = []
     window.tools.call_changed.connect(lambda call_id, words: heard.append((call_id, words)))
 
@@ -136,8 +141,10 @@ def test_a_call_waits_for_approval_and_runs_once_allowed_or_is_denied(harness: H
     assert user.content == "Just talk." and plain.status == "complete" and not plain.tool_calls
 
 
-def test_every_round_after_the_first_prefills_only_the_result_and_the_glue(harness: Harness):
-    window = _window(harness, trusted=True, rounds=ROUNDS)
+def test_every_round_after_the_first_prefills_only_the_result_and_the_glue(
+    harness: Harness, tiny_model: str
+):
+    window = _window(harness, tiny_model, trusted=True, rounds=ROUNDS)
     harness.type_and_send("Find the server's process id, five times.")
     harness.turn()
 
@@ -160,8 +167,10 @@ def test_every_round_after_the_first_prefills_only_the_result_and_the_glue(harne
     assert f"round {ROUNDS}: prefilled {last.prefilled_tokens:,}" in window.status.text()
 
 
-def test_a_loop_whose_engine_is_killed_mid_way_continues_with_its_calls_kept(harness: Harness):
-    window = _window(harness, trusted=True, rounds=ROUNDS)
+def test_a_loop_whose_engine_is_killed_mid_way_continues_with_its_calls_kept(
+    harness: Harness, tiny_model: str
+):
+    window = _window(harness, tiny_model, trusted=True, rounds=ROUNDS)
     engine = window.session.engine
     replies_seen: list[str] = []
 
@@ -194,13 +203,13 @@ def test_a_loop_whose_engine_is_killed_mid_way_continues_with_its_calls_kept(har
 
 
 def test_a_turn_whose_app_was_killed_mid_way_continues_in_the_window(
-    harness: Harness, stoke_home: Path, tmp_path: Path
+    harness: Harness, stoke_home: Path, tmp_path: Path, tiny_model: str
 ):
     config.add_server(tiny())
     with ConversationStore.open() as store:
         conversation = store.create_conversation(sampling=SAMPLING).id
     marker, log = tmp_path / "second-call", tmp_path / "child.log"
-    turn = ["tests.gui.killed_tools_turn", conversation, str(marker), str(ROUNDS)]
+    turn = ["tests.gui.killed_tools_turn", tiny_model, conversation, str(marker), str(ROUNDS)]
     with log.open("w") as errors:
         child = subprocess.Popen(
             [sys.executable, "-m", *turn],
@@ -218,7 +227,7 @@ def test_a_turn_whose_app_was_killed_mid_way_continues_in_the_window(
     os.killpg(child.pid, signal.SIGKILL)  # the turn, its engine and its MCP server
     child.wait()
 
-    window = _window(harness, trusted=True, rounds=ROUNDS)
+    window = _window(harness, tiny_model, trusted=True, rounds=ROUNDS)
     harness.act(lambda: window.open_conversation(conversation))
     kept = _path(window)
     assert [m.role for m in kept] == ["user", "assistant", "tool", "assistant"]
@@ -236,11 +245,13 @@ def test_a_turn_whose_app_was_killed_mid_way_continues_in_the_window(
     assert path[-1].status == "complete" and not path[-1].tool_calls
 
 
-def test_the_rounds_setting_stops_a_turn_that_continue_goes_on_with(harness: Harness):
+def test_the_rounds_setting_stops_a_turn_that_continue_goes_on_with(
+    harness: Harness, tiny_model: str
+):
     settings = Settings.load()
     settings.tool_rounds = 2  # Settings > Tools' rounds per turn
     settings.save()
-    window = _window(harness, trusted=True, rounds=4)
+    window = _window(harness, tiny_model, trusted=True, rounds=4)
     harness.type_and_send("Find the server's process id, three times.")
     harness.turn()
 

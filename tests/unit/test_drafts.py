@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from app.engine.gguf_header import open_header
 from app.engine.model_file import tokenizer_fingerprint
 from app.models.default import default_model_path
 from app.models.drafts import compatible_drafts
 from app.models.library import Library, ModelEntry
-from app.models.truncated_gguf import write_truncated
+from app.models.truncated_gguf import _nbytes, write_truncated
 from tests.unit.test_library import write_gguf
 
 
@@ -44,10 +45,20 @@ def test_a_cut_of_the_model_is_its_draft_and_others_are_not(models: list[ModelEn
 def test_the_cut_keeps_its_first_blocks(tmp_path: Path):
     from app.engine.gguf_info import inspect_gguf
 
-    cut = inspect_gguf(write_truncated(default_model_path(), tmp_path / "cut.gguf", 3))
-    full = inspect_gguf(default_model_path())
+    path = write_truncated(default_model_path(), tmp_path / "cut.gguf", 3)
+    cut, full = inspect_gguf(path), inspect_gguf(default_model_path())
     assert cut.block_count == 3 and full.block_count > 3
     assert {t.layer for t in cut.tensors} - {None} == {0, 1, 2}
     assert cut.vocab_size == full.vocab_size
+    assert cut.metadata["general.name"] == f"{full.metadata['general.name']} (3-layer draft)"
+    # every kept tensor's bytes as the source stores them (the cut copies them, not decodes)
+    with open_header(path) as cut_header, open_header(default_model_path()) as full_header:
+        source = {t.name: t for t in full_header.tensors()}
+        for tensor in cut_header.tensors():
+            kept = source[tensor.name]
+            assert (tensor.dims, tensor.ggml_type) == (kept.dims, kept.ggml_type)
+            size = _nbytes(tensor.dims, tensor.ggml_type)
+            at, was = cut_header.data_offset + tensor.offset, full_header.data_offset + kept.offset
+            assert cut_header.view[at : at + size] == full_header.view[was : was + size]
     with pytest.raises(ValueError, match="blocks"):
         write_truncated(default_model_path(), tmp_path / "all.gguf", full.block_count)
