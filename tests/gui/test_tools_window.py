@@ -10,7 +10,8 @@ before the last to call `pid` (a tool without arguments) with the grammar the AP
 forces `tool_choice` with; the last answers in words. What is proven is the approval, the
 calls, the rows and the prefills, not the model's words, so the model is the tests' tiny one
 (tests/tiny_model.py: SmolLM2's tokenizer and template, random weights), as in
-tests/e2e/test_chat_tools.py: SmolLM2's rounds took most of this file's three minutes.
+tests/e2e/test_chat_tools.py: SmolLM2's rounds took most of this file's three minutes. The
+five-round loop's prefills are checked on SmolLM2 itself, the default model.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from PySide6.QtWidgets import QApplication
 from app.conversations import ConversationStore, Message
 from app.engine.host import EngineState
 from app.mcp import config, trust
+from app.models.default import default_model_path
 from app.settings import Settings
 from app.ui.approval import ApprovalDialog
 from app.ui.chat_tools import SERVERS_KEY, WAITING
@@ -142,9 +144,10 @@ def test_a_call_waits_for_approval_and_runs_once_allowed_or_is_denied(
 
 
 def test_every_round_after_the_first_prefills_only_the_result_and_the_glue(
-    harness: Harness, tiny_model: str
+    harness: Harness,
 ):
-    window = _window(harness, tiny_model, trusted=True, rounds=ROUNDS)
+    """On the default model (SmolLM2 itself): the loop's KV promise where people run it."""
+    window = _window(harness, str(default_model_path()), trusted=True, rounds=ROUNDS)
     harness.type_and_send("Find the server's process id, five times.")
     harness.turn()
 
