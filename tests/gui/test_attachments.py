@@ -150,7 +150,7 @@ def test_files_dropped_on_the_composer_attach_and_a_gguf_goes_to_the_library(
     photo.write_bytes(b"\xff\xd8\xff")
     assert drop(window, [photo])
     harness.wait_until(lambda: window.banner.isVisible())
-    assert "photo.jpg is not a file Stoke can attach" in window.banner.text.text()
+    assert "photo.jpg is damaged or not an image" in window.banner.text.text()
 
     model = write_gguf(tmp_path / "tiny-model.gguf")[0]
     assert drop(window, [model])

@@ -80,9 +80,12 @@ def test_binary_foreign_empty_unknown_missing_and_huge_files_are_refused(
     empty = tmp_path / "empty.md"
     empty.write_text("  \n")
     assert "no text" in refusal(empty)
-    unknown = tmp_path / "photo.jpg"
+    unknown = tmp_path / "photo.heic"
     unknown.write_bytes(b"\xff\xd8")
     assert "Attach text, code, Markdown, CSV or PDF" in refusal(unknown)
+    cut = tmp_path / "photo.jpg"
+    cut.write_bytes(b"\xff\xd8")
+    assert "photo.jpg is damaged or not an image" in refusal(cut)
     assert "could not read" in refusal(tmp_path / "gone.txt")
     big = tmp_path / "big.txt"
     big.write_text("x" * 2000)
