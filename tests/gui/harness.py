@@ -54,8 +54,9 @@ class Harness:
     def run(self, work: Coroutine[Any, Any, Any]) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(work, TIMEOUT_S))
 
-    def start(self, **options: Any) -> MainWindow:
-        load = LoadOptions(str(default_model_path()), **{"n_ctx": 4096, **options})
+    def start(self, model: str | None = None, **options: Any) -> MainWindow:
+        """The window on `model` (default: the default model)."""
+        load = LoadOptions(model or str(default_model_path()), **{"n_ctx": 4096, **options})
         self.window, self.session = self.run(open_window(load, None, "light"))
         self.run(self.session.engine.ready())
         self.run(self.window.prewarm.idle())
