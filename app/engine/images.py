@@ -20,6 +20,7 @@ import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from app.engine.protocol import EngineError, ModelInfo
 
@@ -46,6 +47,29 @@ class Picture:
     width: int
     height: int
     rgb: bytes
+
+
+def is_projector(path: Path) -> bool:
+    """Whether a GGUF is a vision projector (an `mmproj` file) rather than a model."""
+    return "mmproj" in path.name.lower()
+
+
+def find_projector(model_path: Path) -> Path | None:
+    """A projector beside the model: the `*mmproj*.gguf` in its folder (the one that shares
+    the longest start of its name with the model's when there are several)."""
+    candidates = sorted(p for p in model_path.parent.glob("*.gguf") if is_projector(p))
+    if not candidates:
+        return None
+
+    def shared(p: Path) -> int:
+        n = 0
+        for a, b in zip(p.name.lower(), model_path.name.lower(), strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    return max(candidates, key=shared)
 
 
 def no_vision(info: ModelInfo | None) -> str:

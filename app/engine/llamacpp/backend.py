@@ -33,13 +33,13 @@ from app.engine import kvstore
 from app.engine.chat_template import builtin_template
 from app.engine.constraint import Constraint, tokenizer_from_vocab
 from app.engine.gguf_info import inspect_gguf
-from app.engine.images import has_images, is_image, no_vision, open_picture
+from app.engine.images import find_projector, has_images, is_image, no_vision, open_picture
 from app.engine.llamacpp import cpu_buffers, rpc
 from app.engine.llamacpp.embeddings import Embedder
 from app.engine.llamacpp.handles import LlamaBatch, LlamaContext, LlamaModel, LlamaSampler
 from app.engine.llamacpp.mtp import LlamaMtpHead, hidden_rows, nextn_api
 from app.engine.llamacpp.overrides import apply_overrides
-from app.engine.llamacpp.vision import Vision, find_projector
+from app.engine.llamacpp.vision import Vision
 from app.engine.logprobs import NO_SCORES, Scores, scores
 from app.engine.model_file import check_gguf, fingerprint
 from app.engine.mtp import HiddenRows, MtpDrafter

@@ -38,24 +38,6 @@ class _Held:
     embeddings: np.ndarray | None = field(default=None)
 
 
-def find_projector(model_path: Path) -> Path | None:
-    """A projector beside the model: the `*mmproj*.gguf` in its folder (the one that shares
-    the longest start of its name with the model's when there are several)."""
-    candidates = sorted(p for p in model_path.parent.glob("*.gguf") if "mmproj" in p.name.lower())
-    if not candidates:
-        return None
-
-    def shared(p: Path) -> int:
-        n = 0
-        for a, b in zip(p.name.lower(), model_path.name.lower(), strict=False):
-            if a != b:
-                break
-            n += 1
-        return n
-
-    return max(candidates, key=shared)
-
-
 class Vision:
     """The projector of one loaded model, and the images registered for its prompts."""
 
