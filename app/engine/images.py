@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from app import paths
 from app.engine.protocol import EngineError, ModelInfo
 
 IMAGE_BASE = 1 << 31  # every stand-in id is at or above it
@@ -73,13 +74,28 @@ def find_projector(model_path: Path) -> Path | None:
 
 
 def no_vision(info: ModelInfo | None) -> str:
-    """Why a model takes no image, and where a projector comes from."""
+    """Why a model takes no image, and where a projector comes from: the hub repository it
+    was downloaded from, when it came through the model manager."""
     name = info.name if info is not None else "This model"
-    return (
-        f"{name} reads text only: it has no vision projector. A vision model's GGUF comes "
-        "with an mmproj file (the same hub repository); put it beside the model and load it "
-        "again."
+    repo = _downloaded_from(Path(info.path)) if info is not None else None
+    where = (
+        f"Its projector would be an mmproj GGUF in {repo} on the Hugging Face hub; if there is "
+        "one, put it beside the model (File > Models downloads it with a vision model) and "
+        "load it again."
+        if repo is not None
+        else "A vision model's GGUF comes with an mmproj file (the same hub repository); put "
+        "it beside the model and load it again."
     )
+    return f"{name} reads text only: it has no vision projector. {where}"
+
+
+def _downloaded_from(model: Path) -> str | None:
+    """`owner/name` of the hub repository a model in Stoke's own models folder came from."""
+    try:
+        parts = model.parent.relative_to(paths.models_dir(create=False)).parts
+    except ValueError:
+        return None
+    return "/".join(parts[:2]) if len(parts) >= 2 else None
 
 
 def digest(data: bytes) -> str:
