@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -41,6 +42,7 @@ from app.conversations.images import ImageFileError, image_bytes
 from app.conversations.served import Kept, ServedTurn, keep
 from app.engine.chat_template import ChatTemplate
 from app.engine.host import EngineClient, EngineCrashedError, EngineState, Generation
+from app.engine.images import ImageGoneError
 from app.engine.protocol import (
     USER_CHUNK,
     ContextOverflowError,
@@ -397,7 +399,8 @@ class ChatSession:
             self.store.set_current_leaf(conversation.id, reply.id)
         if on_start is not None:
             on_start(user, reply)
-        text, tokens, stats, status = await self._stream(
+        stream = functools.partial(
+            self._stream,
             reply,
             prompt + before.tokens,
             sampling,
@@ -407,6 +410,12 @@ class ChatSession:
             before=before,
             finish=finish,
         )
+        try:
+            text, tokens, stats, status = await stream()
+        except ImageGoneError:  # others' pictures took its place: register them again, once
+            self._runs_of = None
+            await self.read_images(a for m in history for a in m.attachments or ())
+            text, tokens, stats, status = await stream()
         cached = self._transcripts.get(conversation.id)
         if cached is not None and cached.transcript is transcript and cached.ids[-1] == user.id:
             transcript.add_reply(text, tokens, info.fingerprint)

@@ -40,6 +40,16 @@ class ImageError(EngineError):
     """An image that cannot be read: the message names what is wrong with it."""
 
 
+class ImageGoneError(EngineError):
+    """A prompt holds an image the engine let go of (it keeps the last `KEEP_IMAGES`, and a
+    restarted engine none): registering it again with `image_run` brings it back."""
+
+    def __init__(
+        self, message: str = "The prompt holds an image this engine no longer has; send it again."
+    ) -> None:
+        super().__init__(message)  # the message too: it crosses from the engine's process
+
+
 @dataclass(frozen=True)
 class Picture:
     """An image ready for a projector: RGB bytes row by row, its size, and its hash."""

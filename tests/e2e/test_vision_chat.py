@@ -3,7 +3,8 @@ vision model (tests/tiny_vision.py) and a real SQLite file: an image attached is
 the question is typed, so after Enter only the question is; follow-ups reuse every held
 token, the image's run included; a snapshot on disk brings a conversation with an image back
 in a new engine; an edit after the image keeps it, one before it reads it again; a text
-model says in words why it cannot see the picture, and the message stays."""
+model says in words why it cannot see the picture, and the message stays; a picture the
+engine let go of (others took its place) is registered again."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from PIL import Image
 from app.conversations import ConversationStore
 from app.conversations.attachments import image_attachment
 from app.engine.images import image_token
+from app.engine.llamacpp.vision import KEEP_IMAGES
 from app.engine.prewarm import Prewarmer
 from app.engine.protocol import EngineError
 from app.session import ChatSession
@@ -151,3 +153,27 @@ def test_a_text_model_says_it_cannot_see_the_image_and_keeps_the_message(
 
     words = run(scenario())
     assert "reads text only" in words and "mmproj" in words
+
+
+def test_a_picture_the_engine_let_go_of_is_registered_again(
+    store: ConversationStore, vision_model: str, run
+) -> None:
+    image = picture((120, 60, 30))
+
+    async def scenario():
+        session = await start_session(store, vision_model, n_ctx=2048)
+        try:
+            first = store.create_conversation(sampling=SAMPLING).id
+            await session.send(first, "What is this?", attachments=[image])
+            for shade in range(KEEP_IMAGES):  # the API's pictures push it out of the engine
+                out = io.BytesIO()
+                Image.new("RGB", (8, 8), (shade, 0, 0)).save(out, "PNG")
+                await session.engine.image_run(out.getvalue())
+            # another start, so no KV of the first conversation can be shared: read afresh
+            other = store.create_conversation(system_prompt="Be brief.", sampling=SAMPLING).id
+            return await session.send(other, "And this?", attachments=[image])
+        finally:
+            await session.engine.close()
+
+    result = run(scenario())
+    assert result.status == "complete" and result.stats.prefilled_tokens > IMAGE_TOKENS
