@@ -149,11 +149,19 @@ def user_content(text: str, attachments: Sequence[Mapping] = ()) -> str:
     one rendering rule for sending, prefilling and rebuilding, so a file prefilled the moment
     it is attached is the prefix the turn sends (blocks end in one newline, which the
     tokenizers keep apart from the words typed after it)."""
+    images = any(is_image(a) for a in attachments)
+
+    def plain(words: str) -> str:
+        """Beside images, a mark in the words (typed, or in a PDF's text) stands for none."""
+        return words.replace(IMAGE_MARK, "") if images else words
+
     blocks = [
-        IMAGE_MARK + "\n" if is_image(a) else f'<file name="{a["name"]}">\n{a["text"]}\n</file>\n'
+        IMAGE_MARK + "\n"
+        if is_image(a)
+        else f'<file name="{a["name"]}">\n{plain(a["text"])}\n</file>\n'
         for a in attachments
     ]
-    return "".join(blocks) + text
+    return "".join(blocks) + plain(text)
 
 
 def _system(conversation: Conversation, tools: ToolPrompt | None) -> str | None:

@@ -178,6 +178,10 @@ def test_an_image_is_kept_once_privately_by_its_hash_and_refused_when_changed(
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600
     assert image_bytes(record["digest"]) == data
     assert user_content("What is it?", [record]) == IMAGE_MARK + "\nWhat is it?"
+    # a mark typed or pasted (a PDF's text holds them) stands for no image: it is left out
+    pdf = {"name": "a.pdf", "text": f"x{IMAGE_MARK}y"}
+    assert user_content(f"Is{IMAGE_MARK} it?", [record, pdf]).count(IMAGE_MARK) == 1
+    assert user_content(f"Is{IMAGE_MARK} it?", [pdf]).count(IMAGE_MARK) == 2  # no image: kept
     kept.write_bytes(_png((0, 0, 0)))
     with pytest.raises(ImageFileError, match="changed on disk"):
         image_bytes(record["digest"])
