@@ -5,8 +5,11 @@ turn on it is waited for, so turns never interleave); the user's message is comm
 before the engine is waited for or even started; the reply is saved while it streams (every
 `SAVE_INTERVAL_S`), so a crash leaves it marked interrupted, never lost, and a full disk
 leaves it in memory until there is room; and the prompt comes from the conversation's
-Transcript, so each turn appends to the tokens the engine already holds. The CLI and the
-window both drive turns through ChatSession; it knows nothing of terminals or Qt.
+Transcript, so each turn appends to the tokens the engine already holds. A message's pictures
+(image attachments, kept by content hash) are registered with the model's projector before
+its prompt is built (`read_images`, once per load), so each is the same run of ids every
+turn and a follow-up reuses the KV through it. The CLI and the window both drive turns
+through ChatSession; it knows nothing of terminals or Qt.
 
 Tool calls and results (imported, or recorded from the API) go to the template as the server
 sends them: a result is a `tool` message naming its call, and a reply's calls are its exact

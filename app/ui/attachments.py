@@ -229,9 +229,9 @@ class AttachmentBar(QWidget):
         self._show_reading()
         self._read_off_thread(name, lambda: image_attachment(name, data))
 
-    def set_tokens(self, counts: Mapping[str, int]) -> bool:
-        """Each image's token count (by digest) once the projector has read it; whether any
-        chip changed (the records then go with the message)."""
+    def set_tokens(self, counts: Mapping[str, int]) -> None:
+        """Each image's token count (by digest) once the projector has read it: on its chip
+        and in its record, which goes with the message."""
         changed = False
         for record in self._records:
             count = counts.get(record.get("digest") or "")
@@ -240,7 +240,6 @@ class AttachmentBar(QWidget):
                 changed = True
         if changed:
             self._rebuild()
-        return changed
 
     def _read_off_thread(self, name: str, work: Callable[[], Attachment]) -> None:
         self._background.run(
