@@ -22,6 +22,7 @@ from app.conversations.images import (
     is_digest,
     keep_image,
     picture_size,
+    thumbnail_of,
 )
 from app.units import decimal_bytes
 
@@ -148,6 +149,7 @@ def image_attachment(name: str, data: bytes) -> Attachment:
     try:
         width, height = picture_size(name, data)
         digest = keep_image(data)
+        thumbnail_of(digest)  # made here, off the UI thread, for its chips
     except ImageFileError as exc:
         raise AttachmentError(str(exc)) from exc
     except OSError as exc:

@@ -9,7 +9,8 @@ hash to it: a file changed on disk is refused in words rather than shown to the 
 something else.
 
 Pillow only checks a picture and makes thumbnails (PNG, which Qt always decodes: not every
-Qt build reads WebP); the engine opens the bytes itself for the model.
+Qt build reads WebP; a chip's is made when the picture is attached, off the UI thread, and
+kept in `images/thumbs/`); the engine opens the bytes itself for the model.
 """
 
 from __future__ import annotations
@@ -89,12 +90,26 @@ def picture_size(name: str, data: bytes) -> tuple[int, int]:
 
 
 def thumbnail_png(data: bytes, side: int = THUMBNAIL_PX) -> bytes:
-    """A small PNG of an image (its first frame), aspect kept: what the window shows."""
+    """A PNG of an image (its first frame) at most `side` pixels a side, aspect kept."""
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as image:
         image.seek(0)
+        image.draft("RGB", (side, side))  # a JPEG decodes at a fraction of its size
         image.thumbnail((side, side))
         out = io.BytesIO()
         image.convert("RGBA").save(out, "PNG")
     return out.getvalue()
+
+
+def thumbnail_of(digest: str) -> bytes:
+    """A kept picture's chip thumbnail, made once and kept beside it (`thumbs/`): a bubble
+    shows it without decoding a large photo on the UI thread. ImageFileError in words when
+    the picture is gone or changed."""
+    path = paths.ensure_dir(images_dir() / "thumbs", "data") / f"{digest}.png"
+    try:
+        return path.read_bytes()
+    except OSError:
+        thumbnail = thumbnail_png(image_bytes(digest))
+    paths.write_private(path, thumbnail)
+    return thumbnail

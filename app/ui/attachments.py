@@ -6,9 +6,10 @@ token count, remove) and the context meter. Files are read and counted on a pool
 said in words through `failed`. While a file is read, `reading` says which ("Reading
 notes.md…"), so the composer holds Send: a message sent then would leave the file out.
 
-An image's chip shows its thumbnail (a PNG Pillow makes from the kept bytes, so WebP shows
-where Qt has no WebP plugin); clicking it opens the picture large (image_view.py). Its token
-count comes from the model's projector once the draft is prefilled (draft_files.py).
+An image's chip shows its thumbnail (a PNG Pillow made from the kept bytes when it was
+attached, so WebP shows where Qt has no WebP plugin); clicking it opens the picture large
+(image_view.py). Its token count comes from the model's projector once the draft is
+prefilled (draft_files.py).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from app.conversations.attachments import (
     is_image,
     read_attachment,
 )
-from app.conversations.images import ImageFileError, image_bytes, thumbnail_png
+from app.conversations.images import ImageFileError, image_bytes, thumbnail_of
 from app.ui.background import Background
 from app.ui.context_meter import ContextMeter
 from app.ui.image_view import ImageView
@@ -56,7 +57,7 @@ def thumbnail(record: Mapping[str, Any]) -> QPixmap | None:
     if digest not in _thumbnails:
         pixmap = QPixmap()
         try:
-            pixmap.loadFromData(thumbnail_png(image_bytes(digest)), "PNG")
+            pixmap.loadFromData(thumbnail_of(digest), "PNG")
         except (ImageFileError, OSError, ValueError):
             return None
         _thumbnails[digest] = pixmap

@@ -173,7 +173,8 @@ def test_an_image_is_kept_once_privately_by_its_hash_and_refused_when_changed(
     # the same picture pasted again is the same file; the folder and file are private
     assert image_attachment("Pasted image.png", data).digest == record["digest"]
     kept = images_dir() / record["digest"]
-    assert [p.name for p in images_dir().iterdir()] == [kept.name]
+    assert [p.name for p in images_dir().iterdir() if p.is_file()] == [kept.name]
+    assert (images_dir() / "thumbs" / f"{kept.name}.png").is_file()  # made on attach
     assert stat.S_IMODE(images_dir().stat().st_mode) == 0o700
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600
     assert image_bytes(record["digest"]) == data
