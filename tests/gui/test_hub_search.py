@@ -120,6 +120,8 @@ def test_search_tab_lists_files_with_fit_and_downloads_into_the_library(
     tiny = {m.name: m for m in Library().models()}["Tiny.Q4_1"]
     assert hub.served["Tiny.Q4_1.gguf"] == size and not hub.served[Q8[0]]  # that one only
     assert tiny.projector is not None and tiny.projector.name == PROJECTOR
+    qtbot.waitUntil(lambda: dialog.select_model("Tiny.Q4_1"), timeout=WAIT_MS)
+    assert dialog.details_facts["Reads images"].text() == f"yes, with {PROJECTOR}"
 
 
 def test_a_hub_that_does_not_answer_is_said_in_words_once_without_retries(
