@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSize, Qt, QThreadPool, Signal
-from PySide6.QtGui import QIcon, QPixmap
+from PySide6.QtCore import QBuffer, QIODevice, QSize, Qt, QThreadPool, Signal
+from PySide6.QtGui import QIcon, QImage, QPixmap
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
@@ -224,11 +224,20 @@ class AttachmentBar(QWidget):
 
         self._read_off_thread(path.name, work)
 
-    def attach_image(self, name: str, data: bytes) -> None:
-        """A picture from the clipboard: kept and shown like an image file."""
+    def attach_image(self, name: str, image: QImage) -> None:
+        """A picture from the clipboard: written as a PNG (off the UI thread: a screenshot
+        takes a while to compress), then kept and shown like an image file."""
         self._reading.append(name)
         self._show_reading()
-        self._read_off_thread(name, lambda: image_attachment(name, data))
+        picture = image.copy()  # the clipboard's may change while it is written
+
+        def work() -> Attachment:
+            buffer = QBuffer()
+            buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+            picture.save(buffer, "PNG")
+            return image_attachment(name, bytes(buffer.data()))
+
+        self._read_off_thread(name, work)
 
     def set_tokens(self, counts: Mapping[str, int]) -> None:
         """Each image's token count (by digest) once the projector has read it: on its chip

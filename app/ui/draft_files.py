@@ -16,7 +16,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from PySide6.QtCore import QBuffer, QEvent, QIODevice, QObject
+from PySide6.QtCore import QEvent, QObject
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
 
 from app.conversations.attachments import is_image
@@ -116,10 +116,7 @@ class DraftFiles(QObject):
 
     def paste(self, image: QImage) -> None:
         """Attach a picture from the clipboard (as a PNG, like an image file)."""
-        buffer = QBuffer()
-        buffer.open(QIODevice.OpenModeFlag.WriteOnly)
-        image.save(buffer, "PNG")
-        self.bar.attach_image(PASTED_NAME, bytes(buffer.data()))
+        self.bar.attach_image(PASTED_NAME, image)
 
     # -- internals --
 
