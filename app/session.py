@@ -5,8 +5,11 @@ turn on it is waited for, so turns never interleave); the user's message is comm
 before the engine is waited for or even started; the reply is saved while it streams (every
 `SAVE_INTERVAL_S`), so a crash leaves it marked interrupted, never lost, and a full disk
 leaves it in memory until there is room; and the prompt comes from the conversation's
-Transcript, so each turn appends to the tokens the engine already holds. The CLI and the
-window both drive turns through ChatSession; it knows nothing of terminals or Qt.
+Transcript, so each turn appends to the tokens the engine already holds. A message's pictures
+(image attachments, kept by content hash) are registered with the model's projector before
+its prompt is built (`read_images`, once per load), so each is the same run of ids every
+turn and a follow-up reuses the KV through it. The CLI and the window both drive turns
+through ChatSession; it knows nothing of terminals or Qt.
 
 Tool calls and results (imported, or recorded from the API) go to the template as the server
 sends them: a result is a `tool` message naming its call, and a reply's calls are its exact
@@ -22,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +40,12 @@ from app.conversations import (
     StoreError,
     StoreFullError,
 )
+from app.conversations.attachments import is_image
+from app.conversations.images import ImageFileError, image_bytes
 from app.conversations.served import Kept, ServedTurn, keep
 from app.engine.chat_template import ChatTemplate
 from app.engine.host import EngineClient, EngineCrashedError, EngineState, Generation
+from app.engine.images import ImageGoneError
 from app.engine.protocol import (
     USER_CHUNK,
     ContextOverflowError,
@@ -50,7 +57,7 @@ from app.engine.protocol import (
     SamplingParams,
     TokenEvent,
 )
-from app.engine.transcript import Transcript, Turn
+from app.engine.transcript import IMAGE_MARK, Transcript, Turn
 from app.toolcalls.prompt import ToolPrompt
 from app.toolcalls.syntax import syntax_for
 from app.toolcalls.tools import ToolCall
@@ -140,12 +147,24 @@ class _Cached:
 
 
 def user_content(text: str, attachments: Sequence[Mapping] = ()) -> str:
-    """A user message as the model reads it: each attached file's text in a tagged block,
-    then what the user typed. The one rendering rule for sending, prefilling and rebuilding,
-    so a file prefilled the moment it is attached is the prefix the turn sends (blocks end in
-    one newline, which the tokenizers keep apart from the words typed after it)."""
-    blocks = [f'<file name="{a["name"]}">\n{a["text"]}\n</file>\n' for a in attachments]
-    return "".join(blocks) + text
+    """A user message as the model reads it: each attached file's text in a tagged block, or
+    an image's mark (its run of ids goes there, `Turn.images`), then what the user typed. The
+    one rendering rule for sending, prefilling and rebuilding, so a file prefilled the moment
+    it is attached is the prefix the turn sends (blocks end in one newline, which the
+    tokenizers keep apart from the words typed after it)."""
+    images = any(is_image(a) for a in attachments)
+
+    def plain(words: str) -> str:
+        """Beside images, a mark in the words (typed, or in a PDF's text) stands for none."""
+        return words.replace(IMAGE_MARK, "") if images else words
+
+    blocks = [
+        IMAGE_MARK + "\n"
+        if is_image(a)
+        else f'<file name="{a["name"]}">\n{plain(a["text"])}\n</file>\n'
+        for a in attachments
+    ]
+    return "".join(blocks) + plain(text)
 
 
 def _system(conversation: Conversation, tools: ToolPrompt | None) -> str | None:
@@ -191,6 +210,10 @@ class ChatSession:
         self._waited_on: asyncio.Future | None = None  # work a turn awaits that cancel() stops
         # (reply id, progress) while a reply's prompt is read: the window shows it
         self.on_progress: Callable[[str, PrefillProgress], None] | None = None
+        # each image's run of ids (by digest), registered with the projector of the load
+        # `_runs_of` (a new load or a restarted engine has registered none)
+        self._runs: dict[str, tuple[int, ...]] = {}
+        self._runs_of: ModelInfo | None = None
 
     @property
     def info(self) -> ModelInfo:
@@ -357,6 +380,7 @@ class ChatSession:
         constrains the reply, and `finish` adds fields to its last write when it completes."""
         info = await self.engine_ready()
         history = self.store.path_to(user.id)
+        await self.read_images(a for m in history for a in m.attachments or ())
         transcript, dropped = self._fit(
             conversation, history, info, drop_oldest=drop_oldest, tools=tools
         )
@@ -386,7 +410,8 @@ class ChatSession:
             self.store.set_current_leaf(conversation.id, reply.id)
         if on_start is not None:
             on_start(user, reply)
-        text, tokens, stats, status = await self._stream(
+        stream = functools.partial(
+            self._stream,
             reply,
             prompt + before.tokens,
             sampling,
@@ -396,6 +421,12 @@ class ChatSession:
             before=before,
             finish=finish,
         )
+        try:
+            text, tokens, stats, status = await stream()
+        except ImageGoneError:  # others' pictures took its place: register them again, once
+            self._runs_of = None
+            await self.read_images(a for m in history for a in m.attachments or ())
+            text, tokens, stats, status = await stream()
         cached = self._transcripts.get(conversation.id)
         if cached is not None and cached.transcript is transcript and cached.ids[-1] == user.id:
             transcript.add_reply(text, tokens, info.fingerprint)
@@ -542,6 +573,34 @@ class ChatSession:
         conversation (the one whose branch it continues, or a new one). Raises StoreError."""
         return keep(self.store, turn)
 
+    async def read_images(self, attachments: Iterable[Mapping]) -> None:
+        """Register the images among `attachments` with the model's projector (once per
+        load), so a prompt can hold their runs: every turn the same run for the same image.
+        EngineError in words for a text model or an image whose file is gone."""
+        info = self.info
+        if self._runs_of is not info:
+            self._runs, self._runs_of = {}, info
+        for record in attachments:
+            digest = record.get("digest")
+            if not is_image(record) or digest in self._runs:
+                continue
+            try:
+                data = image_bytes(digest, record.get("name", "The image"))
+            except ImageFileError as exc:
+                raise EngineError(str(exc)) from exc
+            self._runs[digest] = tuple(await self.engine.image_run(data))
+
+    async def images_ready(self, conversation_id: str, attachments: Sequence[Mapping] = ()) -> None:
+        """`read_images` for the conversation's branch on screen and a draft's files: what
+        `history_tokens` and `draft_tokens` need first."""
+        history = self.store.current_path(conversation_id)
+        await self.read_images([*(a for m in history for a in m.attachments or ()), *attachments])
+
+    def image_tokens(self, digest: str) -> int | None:
+        """How many tokens an image registered under the loaded model costs (its chip)."""
+        run = self._runs.get(digest) if self._runs_of is self.engine.info else None
+        return len(run) if run is not None else None
+
     def history_tokens(self, conversation_id: str) -> list[int]:
         """The tokens the next turn's prompt starts with: what opening it can prefill."""
         conversation = self.store.get_conversation(conversation_id)
@@ -558,7 +617,8 @@ class ChatSession:
         what attaching and typing can prefill."""
         conversation = self.store.get_conversation(conversation_id)
         history = self.store.current_path(conversation.id)
-        return self.transcript(conversation, history).preview(user_content(draft, attachments))
+        transcript = self.transcript(conversation, history)
+        return transcript.preview(user_content(draft, attachments), self._images(attachments))
 
     def _build(
         self, conversation: Conversation, history: list[Message], tools: ToolPrompt | None
@@ -581,14 +641,22 @@ class ChatSession:
         if turn.role == "assistant":
             transcript.add_reply(turn.text, turn.tokens, turn.fingerprint)
         else:
-            transcript.add_message(turn.role, turn.text, turn.fields)
+            transcript.add_message(turn.role, turn.text, turn.fields, turn.images)
+
+    def _images(self, attachments: Sequence[Mapping]) -> tuple[tuple[int, ...], ...]:
+        """The runs of the images among a message's files, in order (`read_images` first)."""
+        try:
+            return tuple(self._runs[a["digest"]] for a in attachments if is_image(a))
+        except KeyError:
+            raise EngineError("The message's images were not read by the model yet.") from None
 
     def _as_turn(self, message: Message) -> Turn:
         """A stored message as the transcript reads it: a user's with its files, a tool
         result with the call it answers, a reply as its exact tokens or, for calls this model
         did not make, their text in its family's syntax (as the server writes them)."""
         if message.role == "user":
-            return Turn("user", user_content(message.content, message.attachments or ()))
+            files = message.attachments or ()
+            return Turn("user", user_content(message.content, files), images=self._images(files))
         if message.role == "tool":
             fields = (("tool_call_id", message.tool_call_id), ("name", message.tool_name))
             return Turn("tool", message.content, fields=tuple((k, v) for k, v in fields if v))

@@ -1,5 +1,6 @@
 """`stoke bench attach`: time to first token of "attach a file, type a question, Enter",
-with the attachment prefilled on drop and without, side by side in one process.
+with the attachment prefilled on drop and without, side by side in one process (`--image`:
+a picture on a vision model, and a conversation with two, attach_image.py).
 
 The real window (offscreen) and the real engine: each run opens a new conversation, attaches
 a file of about `--tokens` tokens (its first line unique to the run, so no run reuses
@@ -21,16 +22,11 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-QUESTION = (
-    "Which nights in the keeper's log had a calm wind, and what exactly did the keeper do "
-    "on those nights?"
-)  # 20 words
-TYPING_GAP_S = 0.12  # between words: a fast typist
+from app.bench.attach_run import QUESTION, attach, prewarm_off, timed_run
+
 LINE = "Night {n}: the keeper trimmed the wick, wound the clock, and logged a {wind} wind."
 WINDS = ("north", "west", "salt-heavy", "calm", "gusting", "southerly")
 
@@ -42,6 +38,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     parser.add_argument("--tokens", type=int, default=3000, help="the file's size in tokens")
     parser.add_argument("--reps", type=int, default=5, help="runs of each mode (median)")
+    parser.add_argument(
+        "--image",
+        action="store_true",
+        help="attach a picture instead (a vision model: --model), and time a five-turn "
+        "conversation with two pictures against llama-cpp-python's multimodal handler",
+    )
+    parser.add_argument("--model", metavar="GGUF", help="the vision model (with --image)")
+    parser.add_argument("--mmproj", metavar="GGUF", help="its projector, if not beside it")
     parser.set_defaults(run=main)
 
 
@@ -54,22 +58,6 @@ def write_document(folder: Path, tokenizer: Any, tokens: int, run: str) -> Path:
     path = folder / f"log-{run}.md"
     path.write_text("\n".join(lines) + "\n", "utf-8")
     return path
-
-
-@contextmanager
-def prewarm_off(window: Any) -> Iterator[None]:
-    """The window with its attachment and draft prefill turned off (history prefill stays)."""
-    prewarm = window.prewarm
-
-    def nothing(*_args: Any, **_kwargs: Any) -> asyncio.Task:
-        return asyncio.get_running_loop().create_task(asyncio.sleep(0))
-
-    saved = prewarm.attached, prewarm.draft_changed
-    prewarm.attached = prewarm.draft_changed = nothing
-    try:
-        yield
-    finally:
-        prewarm.attached, prewarm.draft_changed = saved
 
 
 class Gaps:
@@ -100,22 +88,6 @@ class Gaps:
         return max(self.gaps, default=0.0) * 1000
 
 
-async def _wait(condition: Any, timeout_s: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the window did not get there in time")
-        await asyncio.sleep(0.01)
-
-
-async def _attach(window: Any, path: Path) -> None:
-    """Attach `path` as a drop does and wait until it is read and its prefill is done."""
-    before = len(window.draft_files.records())
-    window.draft_files.drop([path])
-    await _wait(lambda: len(window.draft_files.records()) > before)
-    await window.prewarm.idle()
-
-
 async def attachment_stall(window: Any, path: Path) -> tuple[float, int]:
     """The longest UI stall (ms) while `path` is read and prefilled in a new conversation,
     and the tokens that prefill held."""
@@ -123,48 +95,11 @@ async def attachment_stall(window: Any, path: Path) -> tuple[float, int]:
     await window.prewarm.idle()
     gaps = Gaps()
     gaps.start()
-    await _attach(window, path)
+    await attach(window, path)
     longest = gaps.stop()
     stats = window.prewarm.last.get(window.conversation_id)
     window.draft_files.take()
     return longest, stats.prompt_tokens if stats else 0
-
-
-async def _run(window: Any, path: Path) -> dict[str, Any]:
-    """One run: attach, type the question word by word, Enter; the TTFT from Enter."""
-    from PySide6.QtTest import QTest
-
-    window.new_conversation()
-    window.store.set_sampling(window.conversation_id, {"temperature": 0, "max_tokens": 4})
-    await window.prewarm.idle()
-    await _attach(window, path)
-    editor = window.composer.editor
-    for word in QUESTION.split(" "):
-        QTest.keyClicks(editor, word + " ")
-        await asyncio.sleep(TYPING_GAP_S)
-    await asyncio.sleep(TYPING_GAP_S)
-    first: list[float] = []
-    append = window.chat.append_reply
-
-    def record(message_id: str, text: str) -> None:
-        if not first:
-            first.append(time.perf_counter())
-        append(message_id, text)
-
-    window.chat.append_reply = record
-    try:
-        enter = time.perf_counter()
-        result = await window.send_message(window.composer.text())
-    finally:
-        window.chat.append_reply = append
-    await window.prewarm.idle()
-    stats = result.stats if result else None
-    return {
-        "ttft_s": round(first[0] - enter, 4) if first else None,
-        "prompt_tokens": stats.prompt_tokens if stats else None,
-        "reused_tokens": stats.reused_tokens if stats else None,
-        "prefilled_tokens": stats.prefilled_tokens if stats else None,
-    }
 
 
 async def measure(tokens: int, reps: int, folder: Path) -> dict[str, Any]:
@@ -183,10 +118,10 @@ async def measure(tokens: int, reps: int, folder: Path) -> dict[str, Any]:
             for mode in ("prewarm", "no_prewarm") if rep % 2 == 0 else ("no_prewarm", "prewarm"):
                 path = write_document(folder, tokenizer, tokens, uuid.uuid4().hex[:8])
                 if mode == "prewarm":
-                    runs[mode].append(await _run(window, path))
+                    runs[mode].append(await timed_run(window, path))
                 else:
                     with prewarm_off(window):
-                        runs[mode].append(await _run(window, path))
+                        runs[mode].append(await timed_run(window, path))
             stall_file = write_document(folder, tokenizer, tokens, uuid.uuid4().hex[:8])
             stalls.append((await attachment_stall(window, stall_file))[0])
     finally:
@@ -243,22 +178,34 @@ def main(args: argparse.Namespace) -> int:
     import qasync
     from PySide6.QtWidgets import QApplication
 
+    if args.image and not args.model:
+        print("stoke bench attach --image needs a vision model: --model VISION.gguf")
+        return 2
     with tempfile.TemporaryDirectory(prefix="stoke-bench-attach-") as home:
         os.environ["STOKE_HOME"] = home
         folder = Path(home) / "files"
         folder.mkdir()
+        if args.image:
+            from app.bench import attach_image
+
+            result = attach_image.measure(args.model, args.mmproj, args.reps, folder)
+            return _done(result, attach_image.render(result), args.json)
         app = QApplication.instance() or QApplication([])
         app.setQuitOnLastWindowClosed(False)
         loop = qasync.QEventLoop(app)
         asyncio.set_event_loop(loop)
         with loop:
             result = loop.run_until_complete(measure(args.tokens, args.reps, folder))
-    print(render(result))
-    print(
+    stall = (
         f"longest UI stall while a file is read and prefilled: "
         f"{result['attach_longest_stall_ms']} ms (each {result['attach_longest_stall_ms_each']})"
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", "utf-8")
+    return _done(result, f"{render(result)}\n{stall}", args.json)
+
+
+def _done(result: dict[str, Any], table: str, json_path: str | None) -> int:
+    print(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2) + "\n", "utf-8")
     print(json.dumps(result))
     return 0

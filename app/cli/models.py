@@ -106,6 +106,8 @@ def _describe(model: ModelEntry) -> str:
     ]
     if model.expert_count:
         lines.append(f"  experts       {model.expert_count}")
+    if model.projector is not None:
+        lines.append(f"  reads images  with {model.projector}")
     return "\n".join(lines)
 
 

@@ -1,9 +1,11 @@
 """Files sent with a message: what can be attached, and the text the model reads of it.
 
 Reading a file checks it first (size, a known kind, text that decodes, a PDF that opens and
-is not locked) and says what is wrong in words. The record kept with the message holds the
-extracted text itself, so the prompt of a stored message renders to the same tokens every
-time, whatever happened to the file since (the KV prefix stays reusable).
+is not locked, an image Pillow reads) and says what is wrong in words. The record kept with
+the message holds the extracted text itself, so the prompt of a stored message renders to
+the same tokens every time, whatever happened to the file since (the KV prefix stays
+reusable). An image's record holds its content hash instead, its bytes kept once by that
+hash (images.py): the same picture is the same chunk of the prompt every turn.
 """
 
 from __future__ import annotations
@@ -14,6 +16,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from app.conversations.images import (
+    IMAGE_SUFFIXES,
+    ImageFileError,
+    is_digest,
+    keep_image,
+    picture_size,
+    thumbnail_of,
+)
 from app.units import decimal_bytes
 
 log = logging.getLogger("stoke.attachments")
@@ -30,7 +40,9 @@ TEXT_SUFFIXES = frozenset(
         ".sql", ".lua", ".r", ".m", ".cs", ".scala", ".hs", ".ex", ".exs", ".tex",
     }
 )  # fmt: skip
-SUFFIXES = TEXT_SUFFIXES | PDF_SUFFIXES
+SUFFIXES = TEXT_SUFFIXES | PDF_SUFFIXES | IMAGE_SUFFIXES
+KINDS = ("text", "pdf", "image")
+_IMAGE_FIELDS = ("digest", "width", "height")
 
 
 class AttachmentError(Exception):
@@ -40,36 +52,55 @@ class AttachmentError(Exception):
 @dataclass(frozen=True)
 class Attachment:
     """One attached file as the message keeps it. `tokens` is the count shown on its chip,
-    measured under the model loaded when it was attached."""
+    measured under the model loaded when it was attached. An image has no text: its
+    `digest` names its kept bytes (images.py), with its size in pixels."""
 
     name: str
-    kind: str  # "text" or "pdf"
+    kind: str  # "text", "pdf" or "image"
     size: int  # bytes of the file
-    text: str
+    text: str = ""
     tokens: int | None = None
+    digest: str | None = None
+    width: int | None = None
+    height: int | None = None
 
     def record(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record kept with the message: a file's text, or an image's digest and size."""
+        record = asdict(self)
+        for key in ("text",) if self.kind == "image" else _IMAGE_FIELDS:
+            del record[key]
+        return record
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Attachment:
         """An attachment from a stored or imported record; AttachmentError when it is not
         one (an import checks every record before it writes anything)."""
+        image = isinstance(record, Mapping) and record.get("kind") == "image"
+        keys = ("name", "kind", "size", *(_IMAGE_FIELDS if image else ("text",)))
         try:
-            name, kind, size, text = (record[k] for k in ("name", "kind", "size", "text"))
+            values = [record[k] for k in keys]
         except (KeyError, TypeError) as exc:
-            raise AttachmentError("An attachment lacks its name, kind, size or text.") from exc
+            what = "digest or size in pixels" if image else "text"
+            raise AttachmentError(f"An attachment lacks its name, kind, size or {what}.") from exc
+        name, kind, size = values[:3]
         tokens = record.get("tokens")
+        if image:
+            digest, width, height = values[3:]
+            valid = is_digest(digest) and _count(width) and _count(height)
+        else:
+            valid = isinstance(values[3], str)
         valid = (
-            isinstance(name, str)
-            and kind in ("text", "pdf")
+            valid
+            and isinstance(name, str)
+            and kind in KINDS
             and _count(size)
-            and isinstance(text, str)
             and (tokens is None or _count(tokens))
         )
         if not valid:
             raise AttachmentError(f"The attachment {name!r} is not a valid attachment record.")
-        return cls(name, kind, size, text, tokens)
+        if image:
+            return cls(name, kind, size, tokens=tokens, digest=digest, width=width, height=height)
+        return cls(name, kind, size, values[3], tokens)
 
 
 def _count(value: Any) -> bool:
@@ -82,7 +113,8 @@ def read_attachment(path: Path) -> Attachment:
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise AttachmentError(
-            f"{name} is not a file Stoke can attach. Attach text, code, Markdown, CSV or PDF files."
+            f"{name} is not a file Stoke can attach. Attach text, code, Markdown, CSV or PDF "
+            "files, or PNG, JPEG, WebP or GIF images."
         )
     try:
         size = path.stat().st_size
@@ -95,6 +127,8 @@ def read_attachment(path: Path) -> Attachment:
     except OSError as exc:
         reason = exc.strerror or "unreadable"
         raise AttachmentError(f"Stoke could not read {name}: {reason}.") from exc
+    if suffix in IMAGE_SUFFIXES:
+        return image_attachment(name, data)
     if suffix in PDF_SUFFIXES:
         kind, text = "pdf", _pdf_text(name, data)
     else:
@@ -107,6 +141,24 @@ def read_attachment(path: Path) -> Attachment:
             f"{MAX_TEXT_CHARS:,}."
         )
     return Attachment(name, kind, size, text)
+
+
+def image_attachment(name: str, data: bytes) -> Attachment:
+    """An image (a file's bytes, or a picture pasted) checked and kept by its content hash
+    (blocking: run it off the UI thread)."""
+    try:
+        width, height = picture_size(name, data)
+        digest = keep_image(data)
+        thumbnail_of(digest)  # made here, off the UI thread, for its chips
+    except ImageFileError as exc:
+        raise AttachmentError(str(exc)) from exc
+    except OSError as exc:
+        raise AttachmentError(f"Stoke could not keep {name}: {exc.strerror or exc}.") from exc
+    return Attachment(name, "image", len(data), digest=digest, width=width, height=height)
+
+
+def is_image(record: Mapping[str, Any]) -> bool:
+    return record.get("kind") == "image"
 
 
 def _plain_text(name: str, data: bytes) -> str:

@@ -4,12 +4,17 @@ The JSON export holds the whole message tree (every edit and regeneration) with 
 token ids, tool calls and tool results, so an imported conversation continues without
 re-prefilling and its branches survive. Import checks the whole file before writing
 anything: a bad file changes nothing. It also takes an OpenAI-style list of chat messages
-(chat_messages.py). A file whose conversation holds tool calls is format version 2; one
-without is still version 1, which older Stokes read.
+(chat_messages.py). A file whose conversation holds images is format version 3 and carries
+each picture's bytes once (base64, by content hash: the message records name them), so an
+import on another machine shows them and its prompts hold the same runs; one with tool calls
+is version 2; one with neither is still version 1, which older Stokes read.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -17,11 +22,13 @@ from typing import Any
 from app.conversations import chat_messages, tool_records
 from app.conversations.attachments import Attachment, AttachmentError
 from app.conversations.errors import ImportFormatError
+from app.conversations.images import ImageFileError, has_image, image_bytes, keep_image
 from app.conversations.models import Conversation, Message, ToolCall
 from app.conversations.store import ROLES, STATUSES, ConversationStore
 
 FORMAT = "stoke.conversation"
-VERSION = 2  # 2: tool calls and tool results
+VERSION = 3  # 2: tool calls and tool results; 3: images
+_VERSION_TOOLS = 2
 _VERSION_WITHOUT_TOOLS = 1
 UNTITLED = "New conversation"
 _MAX_TOKEN_ID = 2**32 - 1  # the store keeps token ids as uint32
@@ -33,9 +40,11 @@ def export_json(store: ConversationStore, conversation_id: str) -> dict[str, Any
     conversation = store.get_conversation(conversation_id)
     messages = _tree(store, conversation.id)
     tools = any(m.tool_calls or m.role == "tool" for m in messages)
-    return {
+    images = _image_files(messages)
+    version = VERSION if images else _VERSION_TOOLS if tools else _VERSION_WITHOUT_TOOLS
+    export: dict[str, Any] = {
         "format": FORMAT,
-        "version": VERSION if tools else _VERSION_WITHOUT_TOOLS,
+        "version": version,
         "conversation": {
             "id": conversation.id,
             "title": conversation.title,
@@ -48,6 +57,25 @@ def export_json(store: ConversationStore, conversation_id: str) -> dict[str, Any
         "messages": [_message_record(m) for m in messages],
         "current_leaf_id": conversation.current_leaf_id,
     }
+    if images:
+        export["images"] = images
+    return export
+
+
+def _image_files(messages: list[Message]) -> dict[str, str]:
+    """Each kept picture the messages show, base64 by digest (one that is gone is left out:
+    the import says so in words)."""
+    images: dict[str, str] = {}
+    for message in messages:
+        for record in message.attachments or ():
+            digest = record.get("digest")
+            if record.get("kind") != "image" or digest in images:
+                continue
+            try:
+                images[digest] = base64.b64encode(image_bytes(digest)).decode("ascii")
+            except ImageFileError:
+                continue
+    return images
 
 
 def export_markdown(store: ConversationStore, conversation_id: str) -> str:
@@ -67,6 +95,8 @@ def import_json(store: ConversationStore, data: Any) -> Conversation:
     if chat_messages.is_chat_messages(data):
         return chat_messages.import_messages(store, data)
     header, messages, current_leaf_id, calls = _validated(data)
+    for image in _imported_images(data, messages):
+        keep_image(image)
     conversation = store.create_conversation(
         header["title"], header["system_prompt"], header["sampling"], header["model"]
     )
@@ -165,6 +195,33 @@ def _markdown_message(message: Message) -> str:
 
 
 # Import validation
+
+
+def _imported_images(data: Mapping[str, Any], messages: list[Mapping[str, Any]]) -> list[bytes]:
+    """The pictures the file carries for its image records, each checked against its
+    digest; one neither in the file nor already kept here is an ImportFormatError."""
+    carried = data.get("images", {})
+    if not isinstance(carried, Mapping):
+        raise ImportFormatError("The file's images must be an object of pictures by digest.")
+    found: dict[str, bytes] = {}
+    for record in messages:
+        for attachment in record.get("attachments") or ():
+            digest = attachment.get("digest")
+            if attachment.get("kind") != "image" or digest in found:
+                continue
+            name = attachment["name"]
+            if digest not in carried:
+                if has_image(digest):
+                    continue
+                raise ImportFormatError(f"The file does not hold the picture of {name}.")
+            try:
+                picture = base64.b64decode(carried[digest], validate=True)
+            except (binascii.Error, TypeError, ValueError):
+                raise ImportFormatError(f"The picture of {name} is damaged in the file.") from None
+            if hashlib.sha256(picture).hexdigest() != digest:
+                raise ImportFormatError(f"The picture of {name} is damaged in the file.")
+            found[digest] = picture
+    return list(found.values())
 
 
 def _validated(

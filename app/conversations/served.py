@@ -17,10 +17,12 @@ requests into them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.conversations.attachments import image_attachment, is_image
 from app.conversations.models import Message, Role, ToolCall
 from app.conversations.store import ConversationStore
 from app.conversations.tool_records import name_of_call
@@ -36,6 +38,7 @@ class ServedMessage:
     tool_call_id: str | None = None  # a tool result's: the call it answers
     token_ids: tuple[int, ...] | None = None  # an assistant message's exact sampled ids
     tokens_fingerprint: str | None = None  # the model those ids belong to
+    images: tuple[bytes, ...] = ()  # a user message's pictures, kept as image attachments
 
 
 @dataclass(frozen=True)
@@ -97,11 +100,16 @@ def _add(
 ) -> Message:
     """Store one served message under `parent`; a tool result gets the function's name from
     the call it answers (`calls`: those of the reply before it)."""
+    pictures = [
+        image_attachment(f"Image {n}", data).record()
+        for n, data in enumerate(message.images, start=1)
+    ]
     return store.add_message(
         conversation_id,
         parent,
         message.role,
         message.content,
+        attachments=pictures or None,
         token_ids=None if message.token_ids is None else list(message.token_ids),
         tokens_fingerprint=message.tokens_fingerprint if message.token_ids is not None else None,
         tool_calls=message.tool_calls,
@@ -120,6 +128,8 @@ def _continued(store: ConversationStore, turn: ServedTurn) -> tuple[str, str, in
     first = history[0]
     best: tuple[str, str, int] | None = None
     for root in store.served_roots(turn.system_prompt, first.role, first.content):
+        if not same(root, first):  # the same words with other pictures
+            continue
         node, depth = root, 1
         while depth < len(history):
             children = store.children(node.id, root.conversation_id)
@@ -138,7 +148,10 @@ def same(stored: Message, served: ServedMessage) -> bool:
     if stored.role != served.role:
         return False
     if stored.role != "assistant":
-        return stored.content == served.content
+        digests = [a.get("digest") for a in stored.attachments or () if is_image(a)]
+        return stored.content == served.content and digests == [
+            hashlib.sha256(image).hexdigest() for image in served.images
+        ]
     if (
         stored.token_ids is not None
         and served.token_ids is not None

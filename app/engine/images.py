@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from app import paths
 from app.engine.protocol import EngineError, ModelInfo
 
 IMAGE_BASE = 1 << 31  # every stand-in id is at or above it
@@ -39,6 +40,16 @@ class ImageError(EngineError):
     """An image that cannot be read: the message names what is wrong with it."""
 
 
+class ImageGoneError(EngineError):
+    """A prompt holds an image the engine let go of (it keeps the last `KEEP_IMAGES`, and a
+    restarted engine none): registering it again with `image_run` brings it back."""
+
+    def __init__(
+        self, message: str = "The prompt holds an image this engine no longer has; send it again."
+    ) -> None:
+        super().__init__(message)  # the message too: it crosses from the engine's process
+
+
 @dataclass(frozen=True)
 class Picture:
     """An image ready for a projector: RGB bytes row by row, its size, and its hash."""
@@ -49,14 +60,52 @@ class Picture:
     rgb: bytes
 
 
+def is_projector(path: Path) -> bool:
+    """Whether a GGUF is a vision projector (an `mmproj` file) rather than a model."""
+    return "mmproj" in path.name.lower()
+
+
+def find_projector(model_path: Path) -> Path | None:
+    """A projector beside the model: the `*mmproj*.gguf` in its folder (the one that shares
+    the longest start of its name with the model's when there are several)."""
+    candidates = sorted(p for p in model_path.parent.glob("*.gguf") if is_projector(p))
+    if not candidates:
+        return None
+
+    def shared(p: Path) -> int:
+        n = 0
+        for a, b in zip(p.name.lower(), model_path.name.lower(), strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    return max(candidates, key=shared)
+
+
 def no_vision(info: ModelInfo | None) -> str:
-    """Why a model takes no image, and where a projector comes from."""
+    """Why a model takes no image, and where a projector comes from: the hub repository it
+    was downloaded from, when it came through the model manager."""
     name = info.name if info is not None else "This model"
-    return (
-        f"{name} reads text only: it has no vision projector. A vision model's GGUF comes "
-        "with an mmproj file (the same hub repository); put it beside the model and load it "
-        "again."
+    repo = _downloaded_from(Path(info.path)) if info is not None else None
+    where = (
+        f"Its projector would be an mmproj GGUF in {repo} on the Hugging Face hub; if there is "
+        "one, put it beside the model (File > Models downloads it with a vision model) and "
+        "load it again."
+        if repo is not None
+        else "A vision model's GGUF comes with an mmproj file (the same hub repository); put "
+        "it beside the model and load it again."
     )
+    return f"{name} reads text only: it has no vision projector. {where}"
+
+
+def _downloaded_from(model: Path) -> str | None:
+    """`owner/name` of the hub repository a model in Stoke's own models folder came from."""
+    try:
+        parts = model.parent.relative_to(paths.models_dir(create=False)).parts
+    except ValueError:
+        return None
+    return "/".join(parts[:2]) if len(parts) >= 2 else None
 
 
 def digest(data: bytes) -> str:
@@ -126,24 +175,6 @@ def open_picture(data: bytes) -> Picture:
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
         raise ImageError("The image is damaged or cut short and cannot be read.") from None
     return Picture(digest(data), rgb.width, rgb.height, rgb.tobytes())
-
-
-def find_projector(model_path: Path) -> Path | None:
-    """A projector beside the model: the `*mmproj*.gguf` in its folder (the one that shares
-    the longest start of its name with the model's when there are several)."""
-    candidates = sorted(p for p in model_path.parent.glob("*.gguf") if "mmproj" in p.name.lower())
-    if not candidates:
-        return None
-
-    def shared(p: Path) -> int:
-        n = 0
-        for a, b in zip(p.name.lower(), model_path.name.lower(), strict=False):
-            if a != b:
-                break
-            n += 1
-        return n
-
-    return max(candidates, key=shared)
 
 
 def reads_images(info: ModelInfo | None, path: Path | None) -> bool:

@@ -37,8 +37,9 @@ def stable_prefix(draft: str) -> str:
 class Prewarmer:
     """Schedules background prefills and snapshots for the conversations of one session.
 
-    `session` is anything with `engine: EngineClient`, `history_tokens(id)` and
-    `draft_tokens(id, text, attachments)` (the ChatSession).
+    `session` is anything with `engine: EngineClient`, `images_ready(id, attachments)` (the
+    images registered with the projector), `history_tokens(id)` and `draft_tokens(id, text,
+    attachments)` (the ChatSession).
     """
 
     def __init__(
@@ -134,6 +135,7 @@ class Prewarmer:
 
     async def _prefill_history(self, conversation_id: str) -> None:
         await self.engine.ready()
+        await self.session.images_ready(conversation_id)
         tokens = self.session.history_tokens(conversation_id)
         self._count(conversation_id, tokens)
         if tokens:
@@ -152,6 +154,7 @@ class Prewarmer:
                 self._count(conversation_id, self.session.history_tokens(conversation_id))
             return
         await self.engine.ready()
+        await self.session.images_ready(conversation_id, attachments)  # read on attach
         tokens = self.session.draft_tokens(conversation_id, stable, attachments)
         self._count(conversation_id, tokens)
         self.last[conversation_id] = await self.engine.prefill(

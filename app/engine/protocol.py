@@ -111,7 +111,7 @@ class LoadOptions:
     # engine/llamacpp/backend.py exact_attention) with speculation off: its plain twin.
     exact_batches: bool = False
     # llama.cpp: a vision model's projector (mmproj GGUF); None: the one beside the model, if
-    # any (engine/llamacpp/vision.py find_projector).
+    # any (engine/images.py find_projector).
     mmproj: str | None = None
 
 

@@ -151,9 +151,10 @@ class Transcript:
             self, turns=list(self.turns), segments=list(self.segments), _open=list(self._open)
         )
 
-    def preview(self, text: str) -> list[int]:
-        """The tokens a prompt would start with if `text` were sent now as a user message,
-        through the end of its content: what prefilling a draft can do ahead of the send."""
+    def preview(self, text: str, images: tuple[tuple[int, ...], ...] = ()) -> list[int]:
+        """The tokens a prompt would start with if `text` (with `images`, `Turn.images`) were
+        sent now as a user message, through the end of its content: what prefilling a draft
+        can do ahead of the send."""
         probe = Transcript(
             self.template,
             self.tokenizer,
@@ -163,7 +164,7 @@ class Transcript:
             list(self.turns),
             list(self.segments),
         )
-        probe.add_message("user", text)
+        probe.add_message("user", text, images=images)
         probe.prompt()
         last_user = max(i for i, s in enumerate(probe._open) if s.role == "user")
         return [t for s in (*probe.segments, *probe._open[: last_user + 1]) for t in s.tokens]

@@ -40,6 +40,7 @@ from huggingface_hub.file_download import http_get
 from huggingface_hub.utils import build_hf_headers
 
 from app import paths
+from app.engine.images import is_projector
 from app.models import library, secrets
 from app.models.hub import (
     DownloadError,
@@ -48,6 +49,7 @@ from app.models.hub import (
     explain,
     hub_endpoint,
     list_repo,
+    projector_file,
 )
 from app.models.transfer import (
     SAMPLES,
@@ -220,8 +222,22 @@ class Downloads:
         self._report(job, force=True)
         return job.id
 
-    @staticmethod
+    @classmethod
     def _choose(
+        cls, listing: RepoListing, files: Sequence[str] | None, quant: str | None
+    ) -> list[RepoFile]:
+        """The files asked for, with the repo's vision projector when they are a GGUF model
+        without one: a vision model reads images only with its `mmproj` beside it."""
+        chosen = cls._asked(listing, files, quant)
+        names = [Path(f.name) for f in chosen]
+        model = any(n.suffix == ".gguf" and not is_projector(n) for n in names)
+        projector = projector_file(listing)
+        if model and projector is not None and not any(is_projector(n) for n in names):
+            chosen.append(projector)
+        return chosen
+
+    @staticmethod
+    def _asked(
         listing: RepoListing, files: Sequence[str] | None, quant: str | None
     ) -> list[RepoFile]:
         by_name = {f.name: f for f in listing.files}

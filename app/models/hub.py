@@ -8,6 +8,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx2
 from huggingface_hub import HfApi
@@ -22,6 +23,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+from app.engine.images import is_projector
 from app.models import secrets
 from app.models.library import LibraryError
 from app.units import decimal_bytes
@@ -151,6 +153,27 @@ def group_key(filename: str) -> str | None:
         return key
     split = _SPLIT.match(base)
     return split["stem"] if split else base.removesuffix(".gguf")
+
+
+PROJECTOR_PREFERENCE = ("F16", "BF16", "Q8_0", "F32")  # a projector is small: keep it precise
+
+
+def projector_file(listing: RepoListing) -> RepoFile | None:
+    """The vision projector to download with a model of `listing` (its `mmproj` file: F16
+    when there are several, as llama.cpp's own repos publish it), or None for a text model."""
+    names = {f.name: Path(f.name) for f in listing.files}
+    projectors = [
+        f for f in listing.files if names[f.name].suffix == ".gguf" and is_projector(names[f.name])
+    ]
+    if not projectors:
+        return None
+
+    def rank(file: RepoFile) -> tuple[int, int]:
+        key = (group_key(file.name) or "").removeprefix("mmproj-").upper()
+        order = PROJECTOR_PREFERENCE.index(key) if key in PROJECTOR_PREFERENCE else 99
+        return order, file.size or 0
+
+    return min(projectors, key=rank)
 
 
 def _group(files: Sequence[RepoFile]) -> tuple[FileGroup, ...]:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from app import paths
 from app.engine.choice import platform_choice
 from app.engine.gguf_info import inspect_gguf
+from app.engine.images import find_projector, is_projector
 from app.engine.model_file import fingerprint
 from app.engine.protocol import ModelLoadError
 from app.models import load_settings
@@ -65,6 +66,8 @@ class ModelEntry:
     expert_count: int | None
     linked: bool  # a symlink into the library: deleting it leaves the target alone
     bundled: bool = False  # the default model shipped with Stoke: listed, never moved or deleted
+    # a GGUF's vision projector (the `*mmproj*.gguf` beside it): it reads images
+    projector: Path | None = None
 
     @property
     def fingerprint(self) -> str:
@@ -74,6 +77,7 @@ class ModelEntry:
         data = asdict(self)
         data["path"] = str(self.path)
         data["files"] = [str(f) for f in self.files]
+        data["projector"] = str(self.projector) if self.projector else None
         data["fingerprint"] = self.id
         return data
 
@@ -82,6 +86,8 @@ class ModelEntry:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         known["path"] = Path(known["path"])
         known["files"] = tuple(Path(f) for f in known["files"])
+        if known.get("projector"):
+            known["projector"] = Path(known["projector"])
         return cls(**known)
 
 
@@ -252,6 +258,14 @@ def _inspect(kind: ModelFormat, first: Path) -> ModelEntry:
         raise LibraryError(f"Cannot read {first}: {exc.strerror or exc}.") from exc
 
 
+def _with_projector(entry: ModelEntry) -> ModelEntry:
+    """The entry with the projector beside it now (looked for on every scan: one may be
+    added or removed without the model's files changing)."""
+    if entry.format != "gguf":
+        return entry
+    return replace(entry, projector=find_projector(entry.path))
+
+
 def _candidates(root: Path) -> Iterator[tuple[ModelFormat, Path, tuple[Path, ...]]]:
     """(kind, first path, every file) of each model-like thing under `root`.
 
@@ -274,8 +288,8 @@ def _candidates(root: Path) -> Iterator[tuple[ModelFormat, Path, tuple[Path, ...
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         splits: dict[tuple[str, str], list[Path]] = {}
         for name in sorted(filenames):
-            if name.startswith(".") or not name.endswith(".gguf"):
-                continue
+            if name.startswith(".") or not name.endswith(".gguf") or is_projector(here / name):
+                continue  # a projector is part of the model beside it (`ModelEntry.projector`)
             match = _SPLIT.match(name)
             if match is None:
                 yield "gguf", here / name, (here / name,)
@@ -372,7 +386,7 @@ class Library:
                 if "error" in record:
                     problems.append(Problem(first, record["error"]))
                 else:
-                    entries.append(ModelEntry.from_dict(record["entry"]))
+                    entries.append(_with_projector(ModelEntry.from_dict(record["entry"])))
         if fresh != cache:
             self._save_cache(fresh)
         self.problems = problems

@@ -264,8 +264,8 @@ def _content(where: str, content: Any, *, allow_none: bool) -> tuple[str, tuple[
         texts, images = [], []
         for i, part in enumerate(content):
             kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind == "text":
-                texts.append(str(part.get("text", "")))
+            if kind == "text":  # a mark in the words would stand for no image: left out
+                texts.append(str(part.get("text", "")).replace(IMAGE_MARK, ""))
             elif kind == "image_url":
                 images.append(image_bytes(f"{where}.content[{i}]", part.get("image_url")))
                 texts.append(IMAGE_MARK)

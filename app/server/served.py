@@ -33,6 +33,7 @@ class ServedMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     tokens: tuple[int, ...] | None = None  # an assistant message's exact ids, this model's
+    images: tuple[bytes, ...] = ()  # a user message's pictures, at IMAGE_MARKs in `text`
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ def served_messages(
                 message.tool_calls,
                 message.tool_call_id,
                 tokens,
+                message.images,
             )
         )
     return system, tuple(served)

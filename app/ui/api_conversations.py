@@ -16,7 +16,9 @@ import logging
 from PySide6.QtCore import QObject, Qt, Signal
 
 from app.conversations import StoreError, ToolCall
+from app.conversations.attachments import AttachmentError
 from app.conversations.served import ServedMessage, ServedTurn
+from app.engine.transcript import IMAGE_MARK
 from app.server import served
 from app.session import ChatSession
 
@@ -48,7 +50,7 @@ class ApiConversations(QObject):
     def _keep(self, reply: served.ServedReply) -> None:
         try:
             kept = self._session.keep_served(served_turn(reply))
-        except StoreError as exc:
+        except (StoreError, AttachmentError) as exc:  # a full disk, a picture not kept
             log.warning(
                 "The API server answered a request on %s, but the window could not keep the "
                 "conversation: %s",
@@ -64,11 +66,12 @@ def served_turn(reply: served.ServedReply) -> ServedTurn:
     history = tuple(
         ServedMessage(
             m.role,
-            m.text,
+            _without_marks(m.text) if m.images else m.text,
             _calls(m.tool_calls),
             m.tool_call_id,
             m.tokens,
             reply.fingerprint if m.tokens is not None else None,
+            m.images,
         )
         for m in reply.messages
     )
@@ -87,6 +90,14 @@ def served_turn(reply: served.ServedReply) -> ServedTurn:
         client=reply.client,
         finish_reason=reply.finish_reason,
         stats=reply.stats,
+    )
+
+
+def _without_marks(text: str) -> str:
+    """A served message's words without the marks where its pictures stood: the window keeps
+    the pictures as attachments, which a message shows (and its prompt holds) before them."""
+    return "\n".join(line for line in text.split("\n") if line != IMAGE_MARK).replace(
+        IMAGE_MARK, ""
     )
 
 

@@ -5,6 +5,11 @@ token count, remove) and the context meter. Files are read and counted on a pool
 (app/ui/background.py): a PDF of many pages never stalls typing. What cannot be attached is
 said in words through `failed`. While a file is read, `reading` says which ("Reading
 notes.md…"), so the composer holds Send: a message sent then would leave the file out.
+
+An image's chip shows its thumbnail (a PNG Pillow made from the kept bytes when it was
+attached, so WebP shows where Qt has no WebP plugin); clicking it opens the picture large
+(image_view.py). Its token count comes from the model's projector once the draft is
+prefilled (draft_files.py).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QThreadPool, Signal
+from PySide6.QtCore import QBuffer, QIODevice, QSize, Qt, QThreadPool, Signal
+from PySide6.QtGui import QIcon, QImage, QPixmap
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
@@ -25,12 +31,37 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.conversations.attachments import SUFFIXES, Attachment, AttachmentError, read_attachment
+from app.conversations.attachments import (
+    SUFFIXES,
+    Attachment,
+    AttachmentError,
+    image_attachment,
+    is_image,
+    read_attachment,
+)
+from app.conversations.images import ImageFileError, image_bytes, thumbnail_of
 from app.ui.background import Background
 from app.ui.context_meter import ContextMeter
+from app.ui.image_view import ImageView
 
 CHIP_NAME_PX = 180  # a long file name is elided to this width
-FILTER = "Text, code, Markdown, CSV or PDF (" + " ".join(f"*{s}" for s in sorted(SUFFIXES)) + ")"
+FILTER = (
+    "Text, code, Markdown, CSV, PDF or images (" + " ".join(f"*{s}" for s in sorted(SUFFIXES)) + ")"
+)
+_thumbnails: dict[str, QPixmap] = {}  # by digest: a conversation's bubbles decode each once
+
+
+def thumbnail(record: Mapping[str, Any]) -> QPixmap | None:
+    """An image record's thumbnail, or None when its file is gone or unreadable."""
+    digest = record["digest"]
+    if digest not in _thumbnails:
+        pixmap = QPixmap()
+        try:
+            pixmap.loadFromData(thumbnail_of(digest), "PNG")
+        except (ImageFileError, OSError, ValueError):
+            return None
+        _thumbnails[digest] = pixmap
+    return _thumbnails[digest]
 
 
 def describe_refusal(exc: Exception) -> str:
@@ -57,13 +88,30 @@ class AttachmentChip(QFrame):
         self.setObjectName("attachment-chip")
         self.record = dict(record)
         self.setAccessibleName(f"Attached file {record['name']}")
+        what = (
+            f"a {record['width']}×{record['height']} image"
+            if is_image(record)
+            else f"{len(record['text']):,} characters of text"
+        )
         self.setToolTip(
-            f"{record['name']}: {len(record['text']):,} characters of text"
+            f"{record['name']}: {what}"
             + (f", {record['tokens']:,} tokens" if record.get("tokens") is not None else "")
         )
         row = QHBoxLayout(self)
         row.setContentsMargins(8, 2, 4 if removable else 8, 2)
         row.setSpacing(4)
+        self.picture: QToolButton | None = None
+        pixmap = thumbnail(record) if is_image(record) else None
+        if pixmap is not None:
+            self.picture = QToolButton(self)
+            self.picture.setObjectName("attachment-thumbnail")
+            self.picture.setIcon(QIcon(pixmap))
+            self.picture.setIconSize(QSize(pixmap.width(), pixmap.height()))
+            self.picture.setAutoRaise(True)
+            self.picture.setAccessibleName(f"View {record['name']}")
+            self.picture.setToolTip("View the picture large")
+            self.picture.clicked.connect(self.view)
+            row.addWidget(self.picture)
         self.label = QLabel(self)
         self.label.setObjectName("attachment-name")
         metrics = self.label.fontMetrics()
@@ -79,6 +127,16 @@ class AttachmentChip(QFrame):
             self.remove_button.clicked.connect(self.removed)
             row.addWidget(self.remove_button)
         self.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
+
+    def view(self) -> ImageView | None:
+        """Open the picture large; None (and nothing opens) when its file is gone."""
+        try:
+            data = image_bytes(self.record["digest"], self.record["name"])
+        except ImageFileError:
+            return None
+        viewer = ImageView(self.record["name"], data, self.window())
+        viewer.show()
+        return viewer
 
 
 class AttachmentChips(QWidget):
@@ -117,8 +175,9 @@ class AttachmentBar(QWidget):
         self.attach_button.setText("Attach…")
         self.attach_button.setAccessibleName("Attach a file")
         self.attach_button.setToolTip(
-            "Attach text, code, Markdown, CSV or PDF files (or drop them on the window); "
-            "Stoke reads them into the model at once, before you ask your question"
+            "Attach text, code, Markdown, CSV or PDF files or images (or drop them on the "
+            "window, or paste a picture); Stoke reads them into the model at once, before "
+            "you ask your question"
         )
         self.attach_button.clicked.connect(self.choose_files)
         self.status = QLabel("", self)
@@ -158,16 +217,46 @@ class AttachmentBar(QWidget):
 
         def work() -> Attachment:
             attachment = read_attachment(path)
-            if tokenizer is None:
+            if tokenizer is None or attachment.kind == "image":  # counted by the projector
                 return attachment
             count = len(tokenizer.tokenize(attachment.text))
             return dataclasses.replace(attachment, tokens=count)
 
+        self._read_off_thread(path.name, work)
+
+    def attach_image(self, name: str, image: QImage) -> None:
+        """A picture from the clipboard: written as a PNG (off the UI thread: a screenshot
+        takes a while to compress), then kept and shown like an image file."""
+        self._reading.append(name)
+        self._show_reading()
+        picture = image.copy()  # the clipboard's may change while it is written
+
+        def work() -> Attachment:
+            buffer = QBuffer()
+            buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+            picture.save(buffer, "PNG")
+            return image_attachment(name, bytes(buffer.data()))
+
+        self._read_off_thread(name, work)
+
+    def set_tokens(self, counts: Mapping[str, int]) -> None:
+        """Each image's token count (by digest) once the projector has read it: on its chip
+        and in its record, which goes with the message."""
+        changed = False
+        for record in self._records:
+            count = counts.get(record.get("digest") or "")
+            if is_image(record) and count is not None and record.get("tokens") != count:
+                record["tokens"] = count
+                changed = True
+        if changed:
+            self._rebuild()
+
+    def _read_off_thread(self, name: str, work: Callable[[], Attachment]) -> None:
         self._background.run(
             QThreadPool.globalInstance(),
             work,
-            lambda attachment, name=path.name: self._read(attachment, name),
-            lambda words, name=path.name: self._refused(words, name),
+            lambda attachment: self._read(attachment, name),
+            lambda words: self._refused(words, name),
         )
 
     def _read(self, attachment: Attachment, name: str) -> None:

@@ -1,11 +1,11 @@
 """The message composer: Enter sends, Shift+Enter adds a line, Stop while a reply streams.
 Send waits (disabled, saying why) while something the message needs is not ready yet, such
-as an attached file still being read."""
+as an attached file still being read. A picture pasted into it is attached, not typed."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtCore import QMimeData, Qt, QTimer, Signal
+from PySide6.QtGui import QImage, QKeyEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -20,9 +20,22 @@ SEND_TIP = "Send (Enter)"
 
 
 class _Editor(QPlainTextEdit):
-    """A plain-text box whose Enter means send (Shift+Enter: a new line)."""
+    """A plain-text box whose Enter means send (Shift+Enter: a new line), and where a pasted
+    picture (the clipboard holds an image and no text) goes to `image_pasted`."""
 
     submit = Signal()
+    image_pasted = Signal(QImage)
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:
+        return source.hasImage() or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:
+        if source.hasImage() and not source.hasText():
+            image = QImage(source.imageData())
+            if not image.isNull():
+                self.image_pasted.emit(image)
+                return
+        super().insertFromMimeData(source)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)

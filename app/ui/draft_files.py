@@ -1,11 +1,13 @@
-"""The files of the draft being written: attach, drop, prefill, count, send.
+"""The files of the draft being written: attach, drop, paste, prefill, count, send.
 
 Owns the bar above the composer (app/ui/attachments.py) for the main window: a file dropped
-on the window or chosen with the paperclip is read off the UI thread and prefilled at once
-(Prewarmer.attached), so its tokens are in the KV before the question is typed; each
-conversation keeps its own draft files; the context meter shows the prewarm's count. A
-`.gguf` dropped on the window goes to the library through the Models page's import. The
-window hands itself as a `DraftWindow`.
+on the window or chosen with the paperclip, or a picture pasted into the composer, is read
+off the UI thread and prefilled at once (Prewarmer.attached), so its tokens are in the KV
+before the question is typed (an image is read by the model's projector then, and its chip
+shows what it costs); each conversation keeps its own draft files; the context meter shows
+the prewarm's count. An image attached for a model that reads text only is kept, and the
+banner says where a projector comes from. A `.gguf` dropped on the window goes to the
+library through the Models page's import. The window hands itself as a `DraftWindow`.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from PySide6.QtCore import QEvent, QObject
-from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
 
+from app.conversations.attachments import is_image
+from app.engine.images import no_vision
 from app.ui.attachments import AttachmentBar
 
 if TYPE_CHECKING:
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
     from app.ui.models import ModelsDialog
 
 MODEL_SUFFIX = ".gguf"
+PASTED_NAME = "Pasted image.png"
 
 
 def dropped_paths(event: QDropEvent | QDragEnterEvent) -> list[Path]:
@@ -73,6 +78,7 @@ class DraftFiles(QObject):
         self.bar.failed.connect(lambda words: window.banner.show_message(words))
         self.bar.reading.connect(window.composer.hold_send)  # sent now, it would go without
         window.prewarm.on_count = self._counted
+        window.composer.editor.image_pasted.connect(self.paste)
         window.setAcceptDrops(True)
         for target in (window, window.composer.editor.viewport()):
             target.installEventFilter(self)
@@ -108,6 +114,10 @@ class DraftFiles(QObject):
             else:
                 self.bar.attach(path)
 
+    def paste(self, image: QImage) -> None:
+        """Attach a picture from the clipboard (as a PNG, like an image file)."""
+        self.bar.attach_image(PASTED_NAME, image)
+
     # -- internals --
 
     def _tokenizer(self) -> Any:
@@ -120,10 +130,31 @@ class DraftFiles(QObject):
             window.new_conversation()  # which shows its (empty) draft files: show these again
             self.bar.set_records(records)
         conversation_id = window.conversation_id
+        before = {r.get("digest") for r in self._pending.get(conversation_id, [])}
         self._pending[conversation_id] = records
+        info = window.session.engine.info
+        added = any(is_image(r) and r["digest"] not in before for r in records)
+        if added and info is not None and info.projector is None:
+            window.banner.show_message(no_vision(info))
         task = window.prewarm.attached(conversation_id, window.composer.text(), records)
         draft = window.composer.text()
         task.add_done_callback(lambda done: window.draft_warmed(done, draft))
+        task.add_done_callback(lambda _done: self._count_images(conversation_id))
+
+    def _count_images(self, conversation_id: str) -> None:
+        """Put each image's token count on its record and chip once the projector read it."""
+        session = self.window.session
+        records = self._pending.get(conversation_id, [])
+        counts = {
+            r["digest"]: n
+            for r in records
+            if is_image(r) and (n := session.image_tokens(r["digest"])) is not None
+        }
+        for record in records:
+            if is_image(record) and record["digest"] in counts:
+                record["tokens"] = counts[record["digest"]]
+        if conversation_id == self.window.conversation_id:
+            self.bar.set_tokens(counts)
 
     def _counted(self, conversation_id: str, tokens: int) -> None:
         if conversation_id == self.window.conversation_id:

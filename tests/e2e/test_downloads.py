@@ -26,6 +26,7 @@ from app.models.hub import DownloadError, group_key, list_repo
 from app.models.library import Library
 from app.models.transfer import Progress
 from tests.fakehub import FakeHub
+from tests.tiny_vision import write_projector
 
 MiB = 1 << 20
 REPO = "acme/SmolLM2-135M-Instruct-GGUF"
@@ -157,6 +158,31 @@ def test_multi_file_download_is_verified_into_the_library(hub: FakeHub, manager:
     models = {m.name: m for m in Library().models()}
     smol = models["SmolLM2-135M-Instruct.Q4_1"]
     assert (smol.architecture, smol.quantization, smol.context_length) == ("llama", "Q4_1", 8192)
+
+
+def test_a_vision_model_comes_with_its_projector_named_in_its_library_entry(
+    hub: FakeHub, manager: Downloads, tmp_path: Path
+) -> None:
+    projector = write_projector(tmp_path / "mmproj.gguf").read_bytes()
+    repo = "acme/tiny-vision-GGUF"
+    hub.add_repo(
+        repo,
+        {
+            "tiny-vision.Q4_1.gguf": default_model_path().read_bytes(),
+            "mmproj-tiny-vision-F32.gguf": os.urandom(4096),
+            "mmproj-tiny-vision-F16.gguf": projector,
+        },
+    )
+    done = manager.wait(manager.start(repo, quant="Q4_1"), timeout=30)
+    assert (done.state, done.error, done.files_total) == ("done", None, 2)
+    folder = manager.destination(repo)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "mmproj-tiny-vision-F16.gguf",  # the precise one of two, not the other
+        "tiny-vision.Q4_1.gguf",
+    ]
+    [model] = Library().models()  # the projector is part of the model, not a model
+    assert model.projector == folder / "mmproj-tiny-vision-F16.gguf"
+    assert model.to_dict()["projector"] == str(model.projector)
 
 
 def test_pause_then_resume_fetches_only_the_missing_bytes(hub: FakeHub, manager: Downloads) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from PIL import Image
 from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication, QFileDialog, QLabel, QWidget
@@ -153,9 +154,18 @@ def test_files_dropped_on_the_composer_attach_and_a_gguf_goes_to_the_library(
     photo.write_bytes(b"\xff\xd8\xff")
     assert drop(window, [photo])
     harness.wait_until(lambda: window.banner.isVisible())
-    assert "photo.jpg is not a file Stoke can attach" in window.banner.text.text()
+    assert "photo.jpg is damaged or not an image" in window.banner.text.text()
+    # a real picture for a model that reads text only: kept, and the banner says why and
+    # where a projector comes from
+    harness.act(window.banner.hide)
+    Image.new("RGB", (40, 30), (200, 200, 0)).save(tmp_path / "lamp.png")
+    assert drop(window, [tmp_path / "lamp.png"])
+    harness.wait_until(lambda: window.banner.isVisible())
+    assert "reads text only" in window.banner.text.text()
+    assert "mmproj" in window.banner.text.text()
+    assert [r["kind"] for r in window.draft_files.records()] == ["text", "image"]
 
     model = write_gguf(tmp_path / "tiny-model.gguf")[0]
     assert drop(window, [model])
     harness.wait_until(lambda: any(m.path.name == model.name for m in Library().models()))
-    assert len(window.draft_files.records()) == 1  # a model is no attachment
+    assert len(window.draft_files.records()) == 2  # a model is no attachment

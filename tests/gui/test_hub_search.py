@@ -28,6 +28,7 @@ from tests.gui.test_models_page import open_dialog, workstation  # noqa: F401 (f
 MiB = 1 << 20
 WAIT_MS = 30_000
 Q8 = ("Tiny.Q8_0-00001-of-00002.gguf", "Tiny.Q8_0-00002-of-00002.gguf")
+PROJECTOR = "mmproj-Tiny-F16.gguf"
 
 
 def add_repos(hub: FakeHub) -> None:  # noqa: F811
@@ -37,6 +38,7 @@ def add_repos(hub: FakeHub) -> None:  # noqa: F811
             "Tiny.Q4_1.gguf": default_model_path().read_bytes(),
             Q8[0]: os.urandom(MiB),
             Q8[1]: os.urandom(MiB // 2),
+            PROJECTOR: os.urandom(64),  # a vision model's: shown and fetched with each quant
             "README.md": b"# Tiny\n",
         },
         downloads=500,
@@ -96,10 +98,14 @@ def test_search_tab_lists_files_with_fit_and_downloads_into_the_library(
     qtbot.waitUntil(lambda: gguf.child(0).text(0) != READING, timeout=WAIT_MS)
     files = {gguf.child(i).text(0): gguf.child(i) for i in range(gguf.childCount())}
     assert set(files) == {"Q4_1", "Q8_0"}
-    assert (files["Q8_0"].text(1), files["Q8_0"].text(2)) == ("GGUF · 2 parts", "1.6 MB")
-    assert (files["Q4_1"].text(1), files["Q4_1"].text(2)) == ("GGUF", "98.4 MB")
+    assert (files["Q8_0"].text(1), files["Q8_0"].text(2)) == (
+        "GGUF · 2 parts · reads images",
+        "1.6 MB",
+    )
+    assert (files["Q4_1"].text(1), files["Q4_1"].text(2)) == ("GGUF · reads images", "98.4 MB")
+    assert PROJECTOR in files["Q4_1"].toolTip(0)
     size = default_model_path().stat().st_size
-    assert files["Q4_1"].text(3) == size_verdict(size, False, workstation()) == FITS_GPU
+    assert files["Q4_1"].text(3) == size_verdict(size + 64, False, workstation()) == FITS_GPU
     mlx = page.item_of("acme/Tiny-MLX")
     mlx.setExpanded(True)
     qtbot.waitUntil(lambda: mlx.child(0).text(0) == "mlx", timeout=WAIT_MS)
@@ -111,8 +117,11 @@ def test_search_tab_lists_files_with_fit_and_downloads_into_the_library(
     [row] = dialog.download_rows()
     assert row.title.text() == "acme/Tiny-GGUF · Q4_1"
     qtbot.waitUntil(lambda: row.state == "done", timeout=WAIT_MS)
-    assert "Tiny.Q4_1" in {m.name for m in Library().models()}
+    tiny = {m.name: m for m in Library().models()}["Tiny.Q4_1"]
     assert hub.served["Tiny.Q4_1.gguf"] == size and not hub.served[Q8[0]]  # that one only
+    assert tiny.projector is not None and tiny.projector.name == PROJECTOR
+    qtbot.waitUntil(lambda: dialog.select_model("Tiny.Q4_1"), timeout=WAIT_MS)
+    assert dialog.details_facts["Reads images"].text() == f"yes, with {PROJECTOR}"
 
 
 def test_a_hub_that_does_not_answer_is_said_in_words_once_without_retries(

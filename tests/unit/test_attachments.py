@@ -3,15 +3,26 @@ and the one rendering rule that puts them into the user's message."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import json
+import stat
 from pathlib import Path
 
 import pytest
 
 from app.conversations import ConversationStore
 from app.conversations import attachments as attach
-from app.conversations.attachments import Attachment, AttachmentError, read_attachment
+from app.conversations.attachments import (
+    Attachment,
+    AttachmentError,
+    image_attachment,
+    read_attachment,
+)
 from app.conversations.export import ImportFormatError, export_json, export_markdown, import_json
+from app.conversations.images import ImageFileError, image_bytes, images_dir
+from app.engine.transcript import IMAGE_MARK
 from app.session import user_content
 from tests.pdfs import write_pdf
 
@@ -80,9 +91,12 @@ def test_binary_foreign_empty_unknown_missing_and_huge_files_are_refused(
     empty = tmp_path / "empty.md"
     empty.write_text("  \n")
     assert "no text" in refusal(empty)
-    unknown = tmp_path / "photo.jpg"
+    unknown = tmp_path / "photo.heic"
     unknown.write_bytes(b"\xff\xd8")
     assert "Attach text, code, Markdown, CSV or PDF" in refusal(unknown)
+    cut = tmp_path / "photo.jpg"
+    cut.write_bytes(b"\xff\xd8")
+    assert "photo.jpg is damaged or not an image" in refusal(cut)
     assert "could not read" in refusal(tmp_path / "gone.txt")
     big = tmp_path / "big.txt"
     big.write_text("x" * 2000)
@@ -129,3 +143,74 @@ def test_attachments_are_stored_exported_and_imported(tmp_path: Path) -> None:
         data["messages"][0]["attachments"] = [{"name": "x"}]
         with pytest.raises(ImportFormatError, match="Message 1"):
             import_json(store, data)
+
+
+def _png(colour: tuple[int, int, int], size: tuple[int, int] = (30, 20)) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", size, colour).save(out, "PNG")
+    return out.getvalue()
+
+
+def test_an_image_is_kept_once_privately_by_its_hash_and_refused_when_changed(
+    tmp_path: Path, stoke_home: Path
+) -> None:
+    data = _png((200, 10, 10))
+    path = tmp_path / "red.png"
+    path.write_bytes(data)
+    record = read_attachment(path).record()
+    assert record == {
+        "name": "red.png",
+        "kind": "image",
+        "size": len(data),
+        "tokens": None,
+        "digest": hashlib.sha256(data).hexdigest(),
+        "width": 30,
+        "height": 20,
+    }
+    assert Attachment.from_record(record).record() == record
+    # the same picture pasted again is the same file; the folder and file are private
+    assert image_attachment("Pasted image.png", data).digest == record["digest"]
+    kept = images_dir() / record["digest"]
+    assert [p.name for p in images_dir().iterdir() if p.is_file()] == [kept.name]
+    assert (images_dir() / "thumbs" / f"{kept.name}.png").is_file()  # made on attach
+    assert stat.S_IMODE(images_dir().stat().st_mode) == 0o700
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert image_bytes(record["digest"]) == data
+    assert user_content("What is it?", [record]) == IMAGE_MARK + "\nWhat is it?"
+    # a mark typed or pasted (a PDF's text holds them) stands for no image: it is left out
+    pdf = {"name": "a.pdf", "text": f"x{IMAGE_MARK}y"}
+    assert user_content(f"Is{IMAGE_MARK} it?", [record, pdf]).count(IMAGE_MARK) == 1
+    assert user_content(f"Is{IMAGE_MARK} it?", [pdf]).count(IMAGE_MARK) == 2  # no image: kept
+    kept.write_bytes(_png((0, 0, 0)))
+    with pytest.raises(ImageFileError, match="changed on disk"):
+        image_bytes(record["digest"])
+    for bad in ({**record, "digest": "x"}, {**record, "width": -1}):
+        with pytest.raises(AttachmentError):
+            Attachment.from_record(bad)
+
+
+def test_images_travel_inside_an_export_and_a_damaged_one_is_refused(
+    tmp_path: Path, stoke_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = image_attachment("garden.png", _png((10, 200, 10))).record()
+    with ConversationStore.open(tmp_path / "c.db") as store:
+        conversation = store.create_conversation()
+        store.append_user_message(conversation.id, "Look", [record])
+        data = json.loads(json.dumps(export_json(store, conversation.id)))
+    assert data["version"] == 3 and list(data["images"]) == [record["digest"]]
+
+    # another machine: a new home without the picture
+    monkeypatch.setenv("STOKE_HOME", str(tmp_path / "elsewhere"))
+    with ConversationStore.open() as store:
+        damaged = json.loads(json.dumps(data))
+        damaged["images"][record["digest"]] = base64.b64encode(b"not it").decode()
+        with pytest.raises(ImportFormatError, match=r"picture of garden\.png is damaged"):
+            import_json(store, damaged)
+        del damaged["images"]
+        with pytest.raises(ImportFormatError, match=r"does not hold the picture of garden\.png"):
+            import_json(store, damaged)
+        imported = import_json(store, data)
+        assert store.current_path(imported.id)[0].attachments == [record]
+        assert image_bytes(record["digest"]) == _png((10, 200, 10))

@@ -184,7 +184,7 @@ def _break(data: dict[str, Any], how: str) -> None:
     if how == "format":
         data["format"] = "chatgpt.export"
     elif how == "newer":
-        data["version"] = 3
+        data["version"] = 4
     elif how == "no version":
         del data["version"]
     elif how == "no conversation":
@@ -215,7 +215,7 @@ def _break(data: dict[str, Any], how: str) -> None:
     ("how", "message"),
     [
         ("format", "This file is neither a Stoke conversation export nor a list of chat"),
-        ("newer", "exported by a newer Stoke (format version 3; this Stoke reads up to 2)"),
+        ("newer", "exported by a newer Stoke (format version 4; this Stoke reads up to 3)"),
         ("no version", "no valid format version"),
         ("no conversation", "no conversation section"),
         ("no messages", "no list of messages"),

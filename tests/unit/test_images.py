@@ -5,18 +5,22 @@ in words, and an image's run in a prompt never cut through."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from app import paths
 from app.engine.images import (
     MAX_SIDE,
     ImageError,
     image_token,
+    no_vision,
     open_picture,
     run_start,
     text_only,
 )
+from app.engine.protocol import ModelInfo
 
 
 def _file(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
@@ -61,3 +65,19 @@ def test_a_run_is_never_cut_through_and_drafts_stop_before_it() -> None:
     tokens = [5, 6, image, image, image, 7]
     assert [run_start(tokens, i) for i in range(6)] == [0, 1, 2, 2, 2, 5]
     assert text_only([8, 9, image, 10]) == [8, 9]
+
+
+def test_a_text_model_says_where_its_projector_would_come_from(stoke_home: Path) -> None:
+    def info(path: Path) -> ModelInfo:
+        fields = dict.fromkeys(("fingerprint", "architecture", "bos_token", "eos_token"), "")
+        return ModelInfo(
+            **fields, path=str(path), name="Tiny", n_ctx=1, n_ctx_train=1, n_vocab=1,
+            chat_template=None, add_bos=False, bos_id=None, eog_ids=(), backend="llama.cpp",
+            size_bytes=0,
+        )  # fmt: skip
+
+    downloaded = paths.models_dir() / "acme" / "Tiny-GGUF" / "Tiny.Q4_1.gguf"
+    words = no_vision(info(downloaded))
+    assert words.startswith("Tiny reads text only") and "mmproj GGUF in acme/Tiny-GGUF" in words
+    elsewhere = no_vision(info(stoke_home / "mine" / "Tiny.gguf"))
+    assert "comes with an mmproj file (the same hub repository)" in elsewhere

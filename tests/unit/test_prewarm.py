@@ -99,6 +99,9 @@ class FakeSession:
         self.engine = FakeEngine()
         self.histories = histories or {}
 
+    async def images_ready(self, conversation_id: str, attachments=()) -> None:
+        """No images here: the real session registers them with the projector."""
+
     def history_tokens(self, conversation_id: str) -> list[int]:
         return list(self.histories.get(conversation_id, "").encode())
 

@@ -3,6 +3,8 @@ choice, stop sequences, request checks, the key, and chat prompts built incremen
 
 from __future__ import annotations
 
+import base64
+
 import keyring
 import pytest
 from keyring.backends import fail
@@ -10,6 +12,7 @@ from keyring.backends import fail
 from app.engine.chat_template import ChatTemplate
 from app.engine.llamacpp.backend import load_vocab
 from app.engine.protocol import ModelInfo
+from app.engine.transcript import IMAGE_MARK
 from app.models.default import default_model_path
 from app.server import auth
 from app.server.prompts import ChatPrompts
@@ -222,3 +225,13 @@ def test_an_assistant_message_with_nothing_to_answer_is_refused_in_words() -> No
             parse_chat({"model": "m", "messages": history})
         assert caught.value.param == f"messages[{where}].role"
         assert "nothing" not in caught.value.message and "assistant's" in caught.value.message
+
+
+def test_a_mark_in_a_text_part_beside_an_image_is_left_out() -> None:
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 8).decode()
+    part = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}
+    words = {"type": "text", "text": f"What{IMAGE_MARK} is this?"}
+    body = {"model": "m", "messages": [{"role": "user", "content": [words, part]}]}
+    chat = parse_chat(body)
+    [message] = chat.messages
+    assert message.text == f"What is this?\n{IMAGE_MARK}" and len(message.images) == 1

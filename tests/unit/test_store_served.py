@@ -3,11 +3,14 @@ as one conversation per history (continued branches, new branches, new conversat
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import sqlite3
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from app.conversations import ConversationStore, StoreError, ToolCall, schema
 from app.conversations.database import connect
@@ -209,6 +212,28 @@ def test_a_retry_is_a_regeneration_beside_the_reply(store: ConversationStore) ->
     deeper = keep(store, _turn(follow, "Rain.", (60,)))
     assert store.get_message(deeper.reply_id).parent_id is not None
     assert store.path_to(deeper.reply_id)[3].id == again.reply_id
+
+
+def test_a_served_picture_is_kept_as_an_image_attachment_and_matched_by_its_hash(
+    store: ConversationStore, stoke_home: Path
+) -> None:
+    out = io.BytesIO()
+    Image.new("RGB", (20, 10), (9, 99, 9)).save(out, "PNG")
+    picture = out.getvalue()
+    asked = ServedMessage("user", "What is this?", images=(picture,))
+    first = keep(store, _turn((asked,), "A green field.", (70,)))
+    [user, _] = store.current_path(first.conversation_id)
+    [record] = user.attachments
+    assert user.content == "What is this?" and record["kind"] == "image"
+    assert record["digest"] == hashlib.sha256(picture).hexdigest()
+    assert (record["name"], record["width"], record["height"]) == ("Image 1", 20, 10)
+    # the follow-up resends the picture: it continues the conversation; another picture
+    # under the same words does not
+    said = ServedMessage("assistant", "A green field.", token_ids=(70,), tokens_fingerprint=FP)
+    follow = (asked, said, ServedMessage("user", "Is it spring?"))
+    assert not keep(store, _turn(follow, "Yes.", (71,))).new
+    other = ServedMessage("user", "What is this?", images=(picture + b"\0",))
+    assert keep(store, _turn((other, *follow[1:]), "Yes.", (72,))).new
 
 
 def test_a_read_only_store_refuses_in_words(tmp_path: Path) -> None:

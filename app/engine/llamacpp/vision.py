@@ -22,7 +22,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp as mtmd
 
-from app.engine.images import Picture, image_token
+from app.engine.images import ImageGoneError, Picture, image_token
 from app.engine.protocol import EngineError, ModelLoadError
 
 KEEP_IMAGES = 64  # images held for prompts (their pixels, after the projector's resize)
@@ -103,7 +103,7 @@ class Vision:
     def n_tokens(self, token: int) -> int:
         held = self._held.get(token)
         if held is None:
-            raise EngineError("The prompt holds an image this engine no longer has; send it again.")
+            raise ImageGoneError()
         return held.n_tokens
 
     def decode(
@@ -112,7 +112,7 @@ class Vision:
         """Evaluate the image registered under `token` into `seq_id` from position `pos`."""
         held = self._held.get(token)
         if held is None:
-            raise EngineError("The prompt holds an image this engine no longer has; send it again.")
+            raise ImageGoneError()
         self._held.move_to_end(token)
         if held.embeddings is None:
             if mtmd.mtmd_encode_chunk(self._ctx, held.chunk) != 0:

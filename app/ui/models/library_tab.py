@@ -276,7 +276,7 @@ class LibraryTab:
         self.details_facts: dict[str, QLabel] = {}
         for fact in ("Format", "Architecture", "Parameters", "Experts", "Quantization"):
             self.details_facts[fact] = text_label("", "", body)
-        for fact in ("Context", "Size on disk"):
+        for fact in ("Context", "Size on disk", "Reads images"):
             self.details_facts[fact] = text_label("", "", body)
         for fact, label in self.details_facts.items():
             label.setAccessibleName(fact)
@@ -475,6 +475,8 @@ class LibraryTab:
             ),
             "Size on disk": decimal_bytes(model.size_bytes)
             + (" (elsewhere: linked)" if model.linked else ""),
+            # a vision model's projector beside it; a text model leaves the row out
+            "Reads images": f"yes, with {model.projector.name}" if model.projector else "",
         }
         for fact, text in facts.items():
             self.details_facts[fact].setText(text)

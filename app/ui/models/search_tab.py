@@ -28,7 +28,14 @@ from PySide6.QtWidgets import (
 
 from app.hardware.detect import Hardware
 from app.models.catalog import size_verdict
-from app.models.hub import FileGroup, HubModel, RepoListing, list_repo, search_models
+from app.models.hub import (
+    FileGroup,
+    HubModel,
+    RepoListing,
+    list_repo,
+    projector_file,
+    search_models,
+)
 from app.ui.a11y import described
 from app.ui.background import Background
 from app.ui.models.words import FIT_COLORS, FIT_TIPS, fit_level
@@ -189,13 +196,20 @@ class HubSearch(QWidget):
         parts = len(group.files)
         kind = "MLX" if group.key == "mlx" else "GGUF"
         files = f"{parts} files" if kind == "MLX" else (f"{parts} parts" if parts > 1 else "")
+        # a GGUF vision model's projector comes with it (Downloads pairs it): say so
+        projector = projector_file(listing) if kind == "GGUF" else None
+        images = "reads images" if projector is not None else ""
+        size = group.size + (projector.size or 0 if projector is not None else 0)
         child = QTreeWidgetItem(
-            [group.key, " · ".join(p for p in (kind, files) if p), decimal_bytes(group.size)]
+            [group.key, " · ".join(p for p in (kind, files, images) if p), decimal_bytes(size)]
         )
-        child.setToolTip(0, "\n".join(f.name for f in group.files))
+        names = [f.name for f in group.files]
+        if projector is not None:
+            names.append(f"{projector.name} (its vision projector, downloaded with it)")
+        child.setToolTip(0, "\n".join(names))
         hardware = self._hardware()
         if hardware is not None:
-            verdict = size_verdict(group.size, False, hardware)
+            verdict = size_verdict(size, False, hardware)
             child.setText(3, verdict)
             child.setForeground(3, QColor(FIT_COLORS[fit_level(verdict)]))
             child.setToolTip(3, f"{FIT_TIPS[verdict]} (by size)")
@@ -207,7 +221,7 @@ class HubSearch(QWidget):
         described(
             button,
             f"Download {group.key}",
-            f"Download {decimal_bytes(group.size)} from {listing.repo} into the library",
+            f"Download {decimal_bytes(size)} from {listing.repo} into the library",
         )
         button.clicked.connect(lambda: self.download(listing.repo, group.key))
         self.tree.setItemWidget(child, 4, button)
