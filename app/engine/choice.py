@@ -2,7 +2,8 @@
 
 On Apple Silicon MLX is the fast path (the GPU in unified memory), with llama.cpp on Metal
 as the alternative, except for GGUFs whose tensor types MLX cannot keep compact (K-quants, IQ
-types), which llama.cpp runs at their own size; elsewhere llama.cpp runs GGUF models on CPUs
+types), which llama.cpp runs at their own size, and vision models (an mmproj beside the
+GGUF), whose images llama.cpp reads; elsewhere llama.cpp runs GGUF models on CPUs
 and NVIDIA/AMD GPUs. An MLX folder runs only on MLX. `LoadOptions.engine` carries a user's
 choice ("auto" when none): per model from its load settings (Settings > Hardware), for the
 app from Settings, or per command from --engine.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.engine.gguf_info import inspect_gguf
+from app.engine.images import find_projector
 from app.engine.mlx.registry import GGUF_BUILDERS, not_compact, not_compact_reason
 from app.engine.model_file import gguf_architecture
 from app.engine.protocol import LoadOptions, ModelLoadError
@@ -78,6 +80,12 @@ def platform_choice(model_path: str | os.PathLike[str]) -> EngineChoice:
     heavy = _not_compact(path)
     if heavy:
         return EngineChoice("llama.cpp", not_compact_reason(heavy))
+    if find_projector(path) is not None:
+        return EngineChoice(
+            "llama.cpp",
+            "a vision model (its mmproj lies beside it): llama.cpp (Metal) reads its images, "
+            "Stoke's MLX engine does not yet",
+        )
     return EngineChoice(
         "mlx",
         "Apple Silicon: MLX runs it on the GPU in unified memory "

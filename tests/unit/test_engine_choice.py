@@ -51,6 +51,18 @@ def test_apple_silicon_runs_llama_ggufs_on_mlx(mac: None, tmp_path: Path) -> Non
     assert other.engine == "llama.cpp" and "MLX does not run qwen3" in other.reason
 
 
+def test_a_vision_model_runs_on_llama_cpp_and_says_why(mac: None, tmp_path: Path) -> None:
+    """Images are read by llama.cpp's projector (libmtmd), not Stoke's MLX engine."""
+    import shutil
+
+    model = tmp_path / "vision.gguf"
+    shutil.copyfile(default_model_path(), model)
+    assert platform_choice(model).engine == "mlx"
+    (tmp_path / "mmproj-vision-f16.gguf").write_bytes(b"")
+    picked = platform_choice(model)
+    assert picked.engine == "llama.cpp" and "vision model" in picked.reason
+
+
 def test_apple_silicon_without_mlx_uses_llama_cpp_metal(
     mac: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
