@@ -268,7 +268,6 @@ def test_other_weights_behind_the_same_name_size_mtime_and_header_never_restore_
     tiny_model: str,
     tmp_path: Path,
     run,
-    monkeypatch: pytest.MonkeyPatch,
     hashed: bool,
 ):
     """Weights rewritten in place, `touch -r` putting the mtime back: the fingerprint is the
@@ -298,8 +297,9 @@ def test_other_weights_behind_the_same_name_size_mtime_and_header_never_restore_
         (paths.cache_dir() / "model-hashes.json").unlink(missing_ok=True)
 
     stamp = model.stat()
-    monkeypatch.setattr(tests.tiny_model, "SEED", tests.tiny_model.SEED + 1)
-    other = tests.tiny_model.write_tiny_chat_model(default_model_path(), tmp_path / "other.gguf")
+    other = tests.tiny_model.write_tiny_chat_model(
+        default_model_path(), tmp_path / "other.gguf", seed=tests.tiny_model.SEED + 1
+    )
     with model.open("r+b") as weights:  # in place, the header byte for byte the same
         weights.write(other.read_bytes())
     os.utime(model, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
