@@ -244,7 +244,6 @@ class MainWindow(QMainWindow):
     def new_conversation(self) -> None:
         """Open an empty conversation: the untouched one there is, else a new one."""
         conversation = self.store.most_recent_empty() or self.store.create_conversation()
-        self.sidebar.clear_search()
         self.sidebar.refresh()
         self.open_conversation(conversation.id)
 

@@ -436,8 +436,12 @@ class Sidebar(QWidget):
         self._update_actions()
 
     def select(self, conversation_id: str | None) -> None:
-        """Show `conversation_id` as the open one (None: none); emits nothing."""
+        """Show `conversation_id` as the open one (None: none); emits nothing. A search that
+        hides it is forgotten: a chat just made or imported must show in the list."""
         self._current_id = conversation_id
+        if self.search.text().strip() and conversation_id not in self._shown_ids():
+            self._clear_search()
+            self.refresh()
         with QSignalBlocker(self.list):
             self.list.clearSelection()
             self._highlight_current()
@@ -446,9 +450,8 @@ class Sidebar(QWidget):
     def current_id(self) -> str | None:
         return self._current_id
 
-    def clear_search(self) -> None:
-        """Forget the search without a refresh of its own: the caller refreshes (a new chat
-        must not stay hidden by the filter it was made under)."""
+    def _clear_search(self) -> None:
+        """Forget the search without a refresh of its own: the caller refreshes."""
         self._search_timer.stop()
         with QSignalBlocker(self.search):
             self.search.clear()
@@ -458,6 +461,9 @@ class Sidebar(QWidget):
         self.search.selectAll()
 
     # Building the list
+
+    def _shown_ids(self) -> set[str]:
+        return {self.list.item(row).data(_ID) for row in range(self.list.count())}
 
     def _add_conversations(self, conversations: list[Conversation]) -> None:
         today = date.today()
