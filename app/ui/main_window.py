@@ -202,6 +202,7 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         self.sidebar.conversation_selected.connect(self.open_conversation)
+        self.sidebar.message_selected.connect(self.show_found)
         self.sidebar.new_requested.connect(self.new_conversation)
         self.sidebar.conversation_deleted.connect(self._deleted)
         self.sidebar.conversation_renamed.connect(lambda _cid: self._refresh_title())
@@ -240,6 +241,19 @@ class MainWindow(QMainWindow):
         self._warm_when_done(self.prewarm.open(conversation_id), conversation_id)
         self.composer.focus()
         self.model_switcher.opened(conversation_id)  # its own model, if it has one
+
+    def show_found(self, message_id: str) -> None:
+        """Scroll to a message a search found in the open conversation and mark it, on the
+        branch that holds it (switched to when another one is shown)."""
+        conversation_id = self.conversation_id
+        if conversation_id is None:
+            return
+        if message_id not in {m.id for m in self.store.current_path(conversation_id)}:
+            leaf = self.store.leaf_of(message_id)
+            if not self._guard(lambda: self.store.set_current_leaf(conversation_id, leaf.id)):
+                return
+            self.reload()
+        self.chat.show_message(message_id)
 
     def new_conversation(self) -> None:
         """Open an empty conversation: the untouched one there is, else a new one."""

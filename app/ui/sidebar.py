@@ -77,6 +77,7 @@ _SNIPPET = Qt.ItemDataRole.UserRole + 3  # a search hit's text, matches between 
 _PINNED = Qt.ItemDataRole.UserRole + 4
 _IN_TITLE = Qt.ItemDataRole.UserRole + 5  # a hit in the title: the snippet is the title
 _TAG = Qt.ItemDataRole.UserRole + 6  # a small mark at the row's end: "API" for an API one
+_MESSAGE = Qt.ItemDataRole.UserRole + 7  # the message a hit found in (None: in the title)
 API_TAG = "API"
 _HEADER, _ROW, _HIT = "header", "row", "hit"
 
@@ -279,6 +280,7 @@ class Sidebar(QWidget):
     """The conversations of one store: pinned first, then by date; search over all of them."""
 
     conversation_selected = Signal(str)
+    message_selected = Signal(str)  # a hit in a message opened, after its conversation
     new_requested = Signal()
     conversation_deleted = Signal(str)
     conversation_renamed = Signal(str)
@@ -507,6 +509,7 @@ class Sidebar(QWidget):
         item.setData(_TITLE, hit.title)
         item.setData(_SNIPPET, hit.snippet)
         item.setData(_IN_TITLE, hit.message_id is None)
+        item.setData(_MESSAGE, hit.message_id)
         plain = hit.snippet.replace("«", "").replace("»", "")
         item.setToolTip(f"{title}\n{plain}")
         item.setData(Qt.ItemDataRole.AccessibleTextRole, f"{title}: {plain}")
@@ -593,6 +596,8 @@ class Sidebar(QWidget):
         if conversation_id != self._current_id:
             self._current_id = conversation_id
             self.conversation_selected.emit(conversation_id)
+        if selected[0].data(_MESSAGE):
+            self.message_selected.emit(selected[0].data(_MESSAGE))
 
     def _list_action(self, text: str, tip: str, keys: list[str]) -> QAction:
         """An action of the selected row, on its key while the list has focus and in the
