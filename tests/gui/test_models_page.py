@@ -38,9 +38,10 @@ from app.ui.models import (
     ImportDialog,
     ModelsDialog,
 )
-from app.ui.models.words import BUNDLED, BUNDLED_TIP, LINKED
+from app.ui.models.words import BUNDLED, BUNDLED_TIP, COLUMNS, LINKED
 from tests.e2e.test_downloads import hub, keychain, manager  # noqa: F401 (fixtures)
 from tests.fakehub import FakeHub
+from tests.gui.harness import Harness
 
 GIB = 1 << 30
 WAIT_MS = 30_000
@@ -467,3 +468,18 @@ def assert_named(root: QWidget) -> None:
         if not w.accessibleName() or not w.toolTip()
     ]
     assert unnamed == []
+
+
+def test_the_library_shows_its_context_column_whole_at_the_dialogs_size(harness: Harness) -> None:
+    window = harness.start()
+    dialog = window.open_models()
+    harness.wait_until(lambda: not dialog.busy)
+    harness.act(lambda: dialog.resize(1120, 700))  # its own size; offscreen's screen is smaller
+    harness.wait_until(lambda: dialog.table.viewport().width() > 700)
+    header, context = dialog.table.horizontalHeader(), COLUMNS.index("Context")
+    values = [dialog.proxy.index(row, context).data() for row in range(dialog.proxy.rowCount())]
+    assert values
+    widest = max(dialog.table.fontMetrics().horizontalAdvance(v) for v in values)
+    assert header.sectionSize(context) > widest
+    end = header.sectionViewportPosition(context) + header.sectionSize(context)
+    assert header.sectionViewportPosition(context) >= 0 and end <= header.viewport().width()
