@@ -27,10 +27,11 @@ from PySide6.QtWidgets import (
 )
 
 from app.hardware.detect import Hardware
-from app.models.catalog import size_verdict
+from app.models.catalog import DOES_NOT_FIT, size_verdict
 from app.models.hub import FileGroup, HubModel, RepoListing, list_repo, search_models
 from app.ui.a11y import described
 from app.ui.background import Background
+from app.ui.models.widgets import download_anyway
 from app.ui.models.words import FIT_COLORS, FIT_TIPS, fit_level
 from app.units import decimal_bytes
 
@@ -194,6 +195,7 @@ class HubSearch(QWidget):
         )
         child.setToolTip(0, "\n".join(f.name for f in group.files))
         hardware = self._hardware()
+        verdict = None
         if hardware is not None:
             verdict = size_verdict(group.size, False, hardware)
             child.setText(3, verdict)
@@ -209,7 +211,7 @@ class HubSearch(QWidget):
             f"Download {group.key}",
             f"Download {decimal_bytes(group.size)} from {listing.repo} into the library",
         )
-        button.clicked.connect(lambda: self.download(listing.repo, group.key))
+        button.clicked.connect(lambda: self._download_clicked(listing.repo, group, verdict))
         self.tree.setItemWidget(child, 4, button)
 
     def _listing_failed(self, repo: str, words: str) -> None:
@@ -218,6 +220,10 @@ class HubSearch(QWidget):
             item.takeChildren()
             item.setExpanded(False)
         self.status.setText(words)
+
+    def _download_clicked(self, repo: str, group: FileGroup, verdict: str | None) -> None:
+        if verdict != DOES_NOT_FIT or download_anyway(self, f"{repo} · {group.key}", group.size):
+            self.download(repo, group.key)
 
     def download(self, repo: str, key: str) -> None:
         """Download one quantization (or the MLX model) through the Downloads tab."""
