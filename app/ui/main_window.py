@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtCore import QByteArray, QSettings, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
@@ -107,6 +107,8 @@ def stats_line(stats: dict | None) -> str:
 
 class MainWindow(QMainWindow):
     """The application a person uses every day."""
+
+    engine_state_changed = Signal(object)  # an EngineState, for dialogs that follow it
 
     def __init__(self, session: ChatSession, settings: QSettings) -> None:
         super().__init__()
@@ -603,6 +605,7 @@ class MainWindow(QMainWindow):
             self.banner.show_message(detail, cause="restart")
         elif state == EngineState.READY:
             banner_words.restarted(self.banner)  # "Restarting it." is done now
+        self.engine_state_changed.emit(state)
 
     def _engine_notice(self, text: str) -> None:
         """A setting the engine host changed itself, in one line: worth reading, no error."""
