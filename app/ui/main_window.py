@@ -100,7 +100,7 @@ def stats_line(stats: dict | None) -> str:
     drafts = f"{words} · " if (words := drafts_words(stats)) else ""
     return (
         f"TTFT {stats['ttft_s']:.2f} s · {prefill}"
-        f"decode {stats['decode_tok_s']:,.1f} tok/s · {drafts}reused {stats['reused_tokens']:,} "
+        f"decode {stats['decode_tok_s']:,.0f} tok/s · {drafts}reused {stats['reused_tokens']:,} "
         f"of {stats['prompt_tokens']:,} prompt tokens"
     )
 
