@@ -132,3 +132,18 @@ def test_opening_a_search_hit_scrolls_to_its_message_and_marks_it(harness: Harne
     harness.wait_until(lambda: in_view(window.chat, found))
     marked = [w for w in window.chat.findChildren(QWidget, "message") if w.property("found")]
     assert [w.property("messageId") for w in marked] == [found]
+
+
+def test_a_search_hit_on_another_branch_opens_that_branch(harness: Harness) -> None:
+    window = harness.start()
+    store = window.store
+    conversation = store.create_conversation("Airships").id
+    question = store.add_message(conversation, None, "user", "When does it land?")
+    found = store.add_message(conversation, question.id, "assistant", "The zeppelin lands.").id
+    store.add_message(conversation, question.id, "assistant", "At noon.")  # a regeneration
+    harness.act(lambda: window.sidebar.search.setText("zeppelin"))
+    harness.wait_until(lambda: window.sidebar.list.count() == 1)
+
+    harness.act(lambda: window.sidebar.list.setCurrentRow(0))
+    assert found in [m.id for m in store.current_path(conversation)]
+    harness.wait_until(lambda: in_view(window.chat, found))
