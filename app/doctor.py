@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -345,35 +346,47 @@ def check_rpc(extra: Sequence[str] = ()) -> dict[str, Any]:
 
 def collect(rpc: Sequence[str] = ()) -> dict[str, Any]:
     """Everything the report shows, as plain JSON-serialisable data (`stoke doctor --json`);
-    `rpc` adds rpc-servers to check."""
+    `rpc` adds rpc-servers to check. The subprocess probes are most of the wait (a load each,
+    seconds): they run side by side, so the report takes about its slowest probe, not their
+    sum (Help > About's Copy diagnostics waits on this)."""
     machine = platform.machine()
-    return {
-        "stoke": _version(("stoke",)),
-        "python": {
-            "version": platform.python_version(),
-            "implementation": platform.python_implementation(),
-            "executable": sys.executable,
-        },
-        "platform": {
-            "system": platform.platform(),
-            "machine": machine,
-            "apple_silicon": sys.platform == "darwin" and machine == "arm64",
-        },
-        "bundle": _bundle(),
-        "packages": {label: _version(dists) for label, dists in PACKAGES.items()},
-        "paths": _guarded(_paths),
-        "llama_cpp": llamacpp_info(),
-        "default_model": _guarded(_default_model),
-        "engine_choice": _guarded(engine_choice),
-        "engines": {
-            "llama.cpp": check_llamacpp(),
-            "mlx": check_mlx(),
-            "remote": _guarded(check_remote),
-        },
-        "rpc": _guarded(lambda: check_rpc(rpc)),
-        "keyring": _guarded(_keyring),
-        "safe_mode": _guarded(safe_mode),
-    }
+    workers = max(1, min(4, (os.cpu_count() or 1) // 2))  # a core each, half the machine's
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="doctor") as pool:
+        llama_info = pool.submit(llamacpp_info)
+        llama_load = pool.submit(check_llamacpp)
+        mlx_load = pool.submit(check_mlx)
+        rpc_check = pool.submit(_guarded, lambda: check_rpc(rpc))
+        default_model = _guarded(_default_model)  # the quick parts, meanwhile
+        choice = _guarded(engine_choice)
+        remote = _guarded(check_remote)
+        keyring = _guarded(_keyring)
+        return {
+            "stoke": _version(("stoke",)),
+            "python": {
+                "version": platform.python_version(),
+                "implementation": platform.python_implementation(),
+                "executable": sys.executable,
+            },
+            "platform": {
+                "system": platform.platform(),
+                "machine": machine,
+                "apple_silicon": sys.platform == "darwin" and machine == "arm64",
+            },
+            "bundle": _bundle(),
+            "packages": {label: _version(dists) for label, dists in PACKAGES.items()},
+            "paths": _guarded(_paths),
+            "llama_cpp": llama_info.result(),
+            "default_model": default_model,
+            "engine_choice": choice,
+            "engines": {
+                "llama.cpp": llama_load.result(),
+                "mlx": mlx_load.result(),
+                "remote": remote,
+            },
+            "rpc": rpc_check.result(),
+            "keyring": keyring,
+            "safe_mode": _guarded(safe_mode),
+        }
 
 
 # -- rendering ------------------------------------------------------------------------------

@@ -197,6 +197,7 @@ class Walk:
 
     async def scenes(self, tag: str) -> None:
         await self.shoot(f"chat-{tag}")
+        await self.settings_panel(tag)
         await self.picker(tag)
         await self.attachment(tag)
         await self.meter_near_full(tag)
@@ -206,6 +207,13 @@ class Walk:
             await self.shoot(f"{name}-{tag}", dialog)
             dialog.close()
         await self.serving(tag)
+
+    async def settings_panel(self, tag: str) -> None:
+        """The conversation settings panel open beside the conversation (issue 36: it clipped
+        at 960 x 600)."""
+        self.window.toggle_settings()
+        await self.shoot(f"settings-{tag}")
+        self.window.toggle_settings()
 
     async def type(self, text: str) -> None:
         """Put `text` in the composer and wait for its prefill: the composer's pause, then the

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 
 from app import paths
 from app.conversations import ConversationStore, StoreError
-from app.engine.host import EngineClient
+from app.engine.host import EngineClient, EngineState
 from app.engine.protocol import EngineError, LoadOptions
 from app.session import ChatSession
 from app.settings import Settings
@@ -35,10 +35,11 @@ def window_settings() -> QSettings:
 
 
 async def open_window(
-    options: LoadOptions, conversation: str | None, theme: str | None
+    options: LoadOptions, conversation: str | None, theme: str | None, *, welcome: bool = False
 ) -> tuple[MainWindow, ChatSession]:
     """The window over the store and a starting engine: what the app, the screenshot mode,
-    the UI benchmark and the window tests all run."""
+    the UI benchmark and the window tests all run. With `welcome`, the first start's welcome
+    opens with the window, while the model loads."""
     store = ConversationStore.open()
     client = EngineClient(options, log_path=paths.cache_dir() / "engine.log")
     session = ChatSession(store, client)
@@ -51,6 +52,8 @@ async def open_window(
     if conversation:
         window.open_conversation(store.get_conversation(conversation).id)
     window.show()
+    if welcome:
+        first_run(window)
     with contextlib.suppress(EngineError):  # the window shows why, and stays usable
         await client.start()
     serve = Settings.load()
@@ -83,7 +86,9 @@ def first_run(window: MainWindow) -> QWidget | None:
     if window.settings.value("hardware_seen", "false") == "true":
         return None
     window.settings.setValue("hardware_seen", "true")
-    welcome = Welcome(window.session.engine.options.model_path, window)
+    engine = window.session.engine
+    welcome = Welcome(engine.options.model_path, engine.state == EngineState.READY, window)
+    window.engine_state_changed.connect(welcome.engine_state)
     welcome.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
     welcome.hardware_requested.connect(window.open_hardware_wizard)
     welcome.open()
@@ -105,8 +110,7 @@ def run_gui(options: LoadOptions, *, conversation: str | None = None) -> int:
     app.lastWindowClosed.connect(closed.set)
 
     async def main() -> None:
-        window, session = await open_window(options, conversation, None)
-        first_run(window)
+        window, session = await open_window(options, conversation, None, welcome=True)
         await closed.wait()
         await shutdown(window, session)
 

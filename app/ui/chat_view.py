@@ -110,6 +110,8 @@ class ChatView(QWidget):
         self._anchor_from_bottom: int | None = None
         self._to_start = False  # building every page down to the first, staying at the top
         self._adjusting = False
+        self._found: str | None = None  # a search hit's message: marked
+        self._to_found = False  # kept at the top while the pages above it settle
 
         self._stream_timer = QTimer(self)
         self._stream_timer.setSingleShot(True)
@@ -185,6 +187,7 @@ class ChatView(QWidget):
         self._messages = messages
         self._first_loaded = start
         if not same_conversation:
+            self._found, self._to_found = None, False
             self._anchor_from_bottom = None
             self._to_start = False
             self._pinned = True
@@ -244,8 +247,26 @@ class ChatView(QWidget):
         if widget is not None:
             widget.set_message(message)
 
+    def show_message(self, message_id: str) -> None:
+        """Scroll to a message of the branch shown (a search hit opened), building the pages
+        down to it, and mark it until another is found or the conversation changes."""
+        position = self._index_of(message_id)
+        if position is None:
+            return
+        while self._first_loaded > position:
+            self._load_earlier()
+        self._mark(self._found, False)
+        self._found = message_id
+        self._mark(message_id, True)
+        self._to_start = False
+        self._anchor_from_bottom = None
+        self._pinned = False
+        self._to_found = True
+        self._scroll_to_found()
+
     def scroll_to_end(self) -> None:
         """Show the newest message and follow the conversation from there (a send, Ctrl+End)."""
+        self._to_found = False
         self._to_start = False
         self._anchor_from_bottom = None
         self._pinned = True
@@ -253,6 +274,7 @@ class ChatView(QWidget):
 
     def scroll_to_start(self) -> None:
         """Show the first message, building the older pages on the way (Ctrl+Home)."""
+        self._to_found = False
         self._to_start = True
         self._anchor_from_bottom = None
         self._pinned = False
@@ -298,6 +320,23 @@ class ChatView(QWidget):
         self._anchor_from_bottom = None
         self._to_start = False
         QTimer.singleShot(0, lambda: self._scroll_to_top_of(widget))
+
+    def _mark(self, message_id: str | None, found: bool) -> None:
+        widget = self._widgets.get(message_id) if message_id else None
+        if widget is None:
+            return
+        widget.setProperty("found", found)
+        for frame in widget.findChildren(QFrame):  # the bubble, or a tool result's frame
+            frame.style().unpolish(frame)
+            frame.style().polish(frame)
+
+    def _scroll_to_found(self) -> None:
+        """The found message's top near the view's top; again as the pages above it settle."""
+        widget = self._widgets.get(self._found) if self._found else None
+        if widget is not None:
+            top = widget.mapTo(self._scroll.widget(), widget.rect().topLeft()).y()
+            bar = self._scroll.verticalScrollBar()
+            self._set_scroll(max(0, min(top - _EDIT_MARGIN_PX, bar.maximum())))
 
     def _scroll_to_top_of(self, widget: MessageWidget) -> None:
         bar = self._scroll.verticalScrollBar()
@@ -366,7 +405,9 @@ class ChatView(QWidget):
         QTimer.singleShot(0, self._load_next_page_to_start)
 
     def _range_changed(self, _minimum: int, maximum: int) -> None:
-        if self._to_start:
+        if self._to_found:
+            self._scroll_to_found()
+        elif self._to_start:
             self._set_scroll(0)
         elif self._anchor_from_bottom is not None:
             self._set_scroll(maximum - self._anchor_from_bottom)
@@ -386,7 +427,7 @@ class ChatView(QWidget):
             return
         bar = self._scroll.verticalScrollBar()
         self._anchor_from_bottom = None
-        self._to_start = False
+        self._to_start = self._to_found = False
         self._pinned = value >= bar.maximum() - _BOTTOM_SLACK_PX
         if value == bar.minimum() and self._first_loaded > 0:
             if bar.isSliderDown():  # the handle dragged to the top: the start is wanted

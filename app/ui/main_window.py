@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt
+from PySide6.QtCore import QByteArray, QSettings, Qt, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (
     QApplication,
@@ -100,13 +100,15 @@ def stats_line(stats: dict | None) -> str:
     drafts = f"{words} · " if (words := drafts_words(stats)) else ""
     return (
         f"TTFT {stats['ttft_s']:.2f} s · {prefill}"
-        f"decode {stats['decode_tok_s']:,.1f} tok/s · {drafts}reused {stats['reused_tokens']:,} "
+        f"decode {stats['decode_tok_s']:,.0f} tok/s · {drafts}reused {stats['reused_tokens']:,} "
         f"of {stats['prompt_tokens']:,} prompt tokens"
     )
 
 
 class MainWindow(QMainWindow):
     """The application a person uses every day."""
+
+    engine_state_changed = Signal(object)  # an EngineState, for dialogs that follow it
 
     def __init__(self, session: ChatSession, settings: QSettings) -> None:
         super().__init__()
@@ -202,6 +204,7 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         self.sidebar.conversation_selected.connect(self.open_conversation)
+        self.sidebar.message_selected.connect(self.show_found)
         self.sidebar.new_requested.connect(self.new_conversation)
         self.sidebar.conversation_deleted.connect(self._deleted)
         self.sidebar.conversation_renamed.connect(lambda _cid: self._refresh_title())
@@ -241,10 +244,22 @@ class MainWindow(QMainWindow):
         self.composer.focus()
         self.model_switcher.opened(conversation_id)  # its own model, if it has one
 
+    def show_found(self, message_id: str) -> None:
+        """Scroll to a message a search found in the open conversation and mark it, on the
+        branch that holds it (switched to when another one is shown)."""
+        conversation_id = self.conversation_id
+        if conversation_id is None:
+            return
+        if message_id not in {m.id for m in self.store.current_path(conversation_id)}:
+            leaf = self.store.leaf_of(message_id)
+            if not self._guard(lambda: self.store.set_current_leaf(conversation_id, leaf.id)):
+                return
+            self.reload()
+        self.chat.show_message(message_id)
+
     def new_conversation(self) -> None:
         """Open an empty conversation: the untouched one there is, else a new one."""
         conversation = self.store.most_recent_empty() or self.store.create_conversation()
-        self.sidebar.clear_search()
         self.sidebar.refresh()
         self.open_conversation(conversation.id)
 
@@ -590,6 +605,7 @@ class MainWindow(QMainWindow):
             self.banner.show_message(detail, cause="restart")
         elif state == EngineState.READY:
             banner_words.restarted(self.banner)  # "Restarting it." is done now
+        self.engine_state_changed.emit(state)
 
     def _engine_notice(self, text: str) -> None:
         """A setting the engine host changed itself, in one line: worth reading, no error."""

@@ -253,6 +253,9 @@ def _math(display: bool, block: bool):
         if block:
             top = _BLOCK_GAP_PX if idx else 0
             return f'<p align="center" style="margin-top:{top}px; margin-bottom:0px;">{img}</p>\n'
+        if display:  # $$…$$ amid a paragraph's lines: its own centred line, as LaTeX sets it
+            gap = f"margin-top:{_BLOCK_GAP_PX}px; margin-bottom:{_BLOCK_GAP_PX}px;"
+            return f'<p align="center" style="{gap}">{img}</p>'
         return img
 
     return rule

@@ -77,6 +77,7 @@ _SNIPPET = Qt.ItemDataRole.UserRole + 3  # a search hit's text, matches between 
 _PINNED = Qt.ItemDataRole.UserRole + 4
 _IN_TITLE = Qt.ItemDataRole.UserRole + 5  # a hit in the title: the snippet is the title
 _TAG = Qt.ItemDataRole.UserRole + 6  # a small mark at the row's end: "API" for an API one
+_MESSAGE = Qt.ItemDataRole.UserRole + 7  # the message a hit found in (None: in the title)
 API_TAG = "API"
 _HEADER, _ROW, _HIT = "header", "row", "hit"
 
@@ -279,6 +280,7 @@ class Sidebar(QWidget):
     """The conversations of one store: pinned first, then by date; search over all of them."""
 
     conversation_selected = Signal(str)
+    message_selected = Signal(str)  # a hit in a message opened, after its conversation
     new_requested = Signal()
     conversation_deleted = Signal(str)
     conversation_renamed = Signal(str)
@@ -436,8 +438,12 @@ class Sidebar(QWidget):
         self._update_actions()
 
     def select(self, conversation_id: str | None) -> None:
-        """Show `conversation_id` as the open one (None: none); emits nothing."""
+        """Show `conversation_id` as the open one (None: none); emits nothing. A search that
+        hides it is forgotten: a chat just made or imported must show in the list."""
         self._current_id = conversation_id
+        if self.search.text().strip() and conversation_id not in self._shown_ids():
+            self._clear_search()
+            self.refresh()
         with QSignalBlocker(self.list):
             self.list.clearSelection()
             self._highlight_current()
@@ -446,9 +452,8 @@ class Sidebar(QWidget):
     def current_id(self) -> str | None:
         return self._current_id
 
-    def clear_search(self) -> None:
-        """Forget the search without a refresh of its own: the caller refreshes (a new chat
-        must not stay hidden by the filter it was made under)."""
+    def _clear_search(self) -> None:
+        """Forget the search without a refresh of its own: the caller refreshes."""
         self._search_timer.stop()
         with QSignalBlocker(self.search):
             self.search.clear()
@@ -458,6 +463,9 @@ class Sidebar(QWidget):
         self.search.selectAll()
 
     # Building the list
+
+    def _shown_ids(self) -> set[str]:
+        return {self.list.item(row).data(_ID) for row in range(self.list.count())}
 
     def _add_conversations(self, conversations: list[Conversation]) -> None:
         today = date.today()
@@ -501,6 +509,7 @@ class Sidebar(QWidget):
         item.setData(_TITLE, hit.title)
         item.setData(_SNIPPET, hit.snippet)
         item.setData(_IN_TITLE, hit.message_id is None)
+        item.setData(_MESSAGE, hit.message_id)
         plain = hit.snippet.replace("«", "").replace("»", "")
         item.setToolTip(f"{title}\n{plain}")
         item.setData(Qt.ItemDataRole.AccessibleTextRole, f"{title}: {plain}")
@@ -587,6 +596,8 @@ class Sidebar(QWidget):
         if conversation_id != self._current_id:
             self._current_id = conversation_id
             self.conversation_selected.emit(conversation_id)
+        if selected[0].data(_MESSAGE):
+            self.message_selected.emit(selected[0].data(_MESSAGE))
 
     def _list_action(self, text: str, tip: str, keys: list[str]) -> QAction:
         """An action of the selected row, on its key while the list has focus and in the

@@ -1,5 +1,6 @@
-"""The first start in plain words: what Stoke is, that the model is ready, what this computer
-has, one sentence each, with "Start chatting" and "Hardware details…".
+"""The first start in plain words: what Stoke is, that the model is loading or ready, what this
+computer has, one sentence each, with "Start chatting" and "Hardware details…". It opens with
+the window, not after the model has loaded: the sentence follows the engine.
 
 A new user should not meet the expert Hardware dialog (devices, micro-batches, `-ot` rules)
 before their first message; it stays one click away. The hardware check runs off the UI
@@ -14,6 +15,7 @@ from PySide6.QtCore import QThreadPool, Signal
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
+from app.engine.host import EngineState
 from app.hardware.detect import Hardware, detect
 from app.models.catalog import budget
 from app.models.default import default_model_path
@@ -28,11 +30,16 @@ CHECKING = "Checking this computer's hardware…"
 CHECK_FAILED = "The hardware check did not finish; Hardware details… tries again."
 
 
-def model_sentence(path: str) -> str:
-    """Which model answers; the bundled one needs no download."""
+def model_sentence(path: str, ready: bool = True) -> str:
+    """Which model answers, and whether it has loaded yet; the bundled one needs no download."""
     if not path:
         return "Stoke chats through the remote server you set up: type a message to start."
     which = "The bundled model" if Path(path) == default_model_path() else "Your model"
+    if not ready:
+        return (
+            f"{which}, {model_name(path)}, is loading: type a message below, and it answers "
+            "as soon as the model is ready."
+        )
     return f"{which}, {model_name(path)}, is ready: type a message below to start."
 
 
@@ -60,8 +67,9 @@ class Welcome(QDialog):
 
     hardware_requested = Signal()
 
-    def __init__(self, model_path: str, parent: QWidget | None = None) -> None:
+    def __init__(self, model_path: str, ready: bool, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self._model_path = model_path
         self.setWindowTitle("Welcome to Stoke")
         self.setObjectName("welcome")
         column = QVBoxLayout(self)
@@ -75,7 +83,7 @@ class Welcome(QDialog):
         title.setFont(font)
         column.addWidget(title)
         self.about = self._sentence(ABOUT, "What Stoke is")
-        self.model = self._sentence(model_sentence(model_path), "The model")
+        self.model = self._sentence(model_sentence(model_path, ready), "The model")
         self.hardware = self._sentence(CHECKING, "This computer")
         for label in (self.about, self.model, self.hardware):
             column.addWidget(label)
@@ -104,6 +112,11 @@ class Welcome(QDialog):
         label.setWordWrap(True)
         label.setAccessibleName(name)
         return label
+
+    def engine_state(self, state: EngineState) -> None:
+        """The model sentence follows the engine: loading, then ready."""
+        ready = state == EngineState.READY
+        self.model.setText(model_sentence(self._model_path, ready))
 
     def _found(self, hw: Hardware) -> None:
         self.hardware.setText(hardware_sentence(hw))

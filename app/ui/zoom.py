@@ -1,7 +1,8 @@
 """Text zoom for the conversation and the composer: Ctrl/Cmd + / - / 0, remembered.
 
-The sizes go in as a style sheet (resources/zoom.qss) on the chat's canvas and on the
-composer's editor, because the app's style sheet sets the composer's font size and a style
+The sizes go in as a style sheet (resources/zoom.qss) on the chat's canvas (its text, and the
+tool rows and action links around it, which would otherwise stay small) and on the composer's
+editor, because the app's style sheet sets the composer's font size and a style
 sheet beats setFont; at 100% the sheets are cleared and the app looks exactly as without zoom.
 """
 
@@ -48,10 +49,11 @@ class Zoom:
     def _apply(self) -> None:
         sheet = ""
         if self.percent != 100:
-            base = QApplication.font().pointSizeF() + CHAT_STEP_PT
+            ui = QApplication.font().pointSizeF()
             sheet = theme.stylesheet(
                 "zoom.qss",
-                chat_pt=f"{base * self.percent / 100:.1f}",
+                chat_pt=f"{(ui + CHAT_STEP_PT) * self.percent / 100:.1f}",
+                ui_pt=f"{ui * self.percent / 100:.1f}",
                 composer_px=str(round(COMPOSER_PX * self.percent / 100)),
             )
         for target in self._targets:

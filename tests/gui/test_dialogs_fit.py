@@ -70,7 +70,7 @@ def test_the_hardware_wizard_fits_and_its_cards_scroll(qtbot) -> None:
 def test_welcome_import_remote_and_speculation_settings_fit(qtbot) -> None:
     model = str(default_model_path())
     for dialog in (
-        Welcome(model),
+        Welcome(model, ready=False),  # the longer sentence, while the model loads
         ImportDialog(),
         RemoteSettingsDialog(),
         SpeculationDialog(model),

@@ -1,10 +1,10 @@
 """Math in replies: LaTeX typeset by ziamath and drawn as images, its source when it cannot
-be parsed, code and prices left alone (issue 16)."""
+be parsed, code and prices left alone (issue 16); `$$…$$` on a line of its own, centred."""
 
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QTextDocument, QTextImageFormat
 from PySide6.QtWidgets import QTextBrowser, QWidget
 from pytestqt.qtbot import QtBot
@@ -13,6 +13,7 @@ from app.ui import markdown
 from app.ui.chat_view import ChatView
 from app.ui.formulas import image, typeset
 from app.ui.message_view import MessageView
+from tests.gui.harness import Harness
 
 
 @pytest.mark.parametrize(
@@ -98,3 +99,28 @@ def _images(document: QTextDocument) -> list[str]:
             it += 1
         block = block.next()
     return names
+
+
+def test_double_dollar_math_amid_a_paragraph_is_a_centred_line_of_its_own(
+    harness: Harness,
+) -> None:
+    window = harness.start()
+    store, conversation = window.store, window.conversation_id
+    question = store.add_message(conversation, None, "user", "Sum of 1..n?")
+    reply = "The sum is:\n$$\\sum_{k=1}^{n} k = \\frac{n(n+1)}{2}$$\nfor every n."
+    answer = store.add_message(conversation, question.id, "assistant", reply)
+    harness.act(window.reload)
+    widget = next(
+        w for w in window.chat.findChildren(QWidget, "message") if w.message.id == answer.id
+    )
+    document = widget.findChild(QTextBrowser, "messageText").document()
+    lines = []
+    block = document.begin()
+    while block.isValid():
+        lines.append((block.text().strip(), block.blockFormat().alignment()))
+        block = block.next()
+    assert lines == [
+        ("The sum is:", Qt.AlignmentFlag.AlignLeft),
+        ("\ufffc", Qt.AlignmentFlag.AlignHCenter),  # the formula's image, alone and centred
+        ("for every n.", Qt.AlignmentFlag.AlignLeft),
+    ]

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QAbstractButton,
     QApplication,
@@ -38,9 +38,10 @@ from app.ui.models import (
     ImportDialog,
     ModelsDialog,
 )
-from app.ui.models.words import BUNDLED, BUNDLED_TIP, LINKED
+from app.ui.models.words import BUNDLED, BUNDLED_TIP, COLUMNS, LINKED
 from tests.e2e.test_downloads import hub, keychain, manager  # noqa: F401 (fixtures)
 from tests.fakehub import FakeHub
+from tests.gui.harness import Harness
 
 GIB = 1 << 30
 WAIT_MS = 30_000
@@ -467,3 +468,44 @@ def assert_named(root: QWidget) -> None:
         if not w.accessibleName() or not w.toolTip()
     ]
     assert unnamed == []
+
+
+def test_the_library_shows_its_context_column_whole_at_the_dialogs_size(harness: Harness) -> None:
+    window = harness.start()
+    dialog = window.open_models()
+    harness.wait_until(lambda: not dialog.busy)
+    harness.act(lambda: dialog.resize(1120, 700))  # its own size; offscreen's screen is smaller
+    harness.wait_until(lambda: dialog.table.viewport().width() > 700)
+    header, context = dialog.table.horizontalHeader(), COLUMNS.index("Context")
+    values = [dialog.proxy.index(row, context).data() for row in range(dialog.proxy.rowCount())]
+    assert values
+    widest = max(dialog.table.fontMetrics().horizontalAdvance(v) for v in values)
+    assert header.sectionSize(context) > widest
+    end = header.sectionViewportPosition(context) + header.sectionSize(context)
+    assert header.sectionViewportPosition(context) >= 0 and end <= header.viewport().width()
+
+
+def test_a_download_that_does_not_fit_asks_first(harness: Harness) -> None:
+    """The catalog's Download of a model badged "does not fit" asks; Cancel starts nothing."""
+    window = harness.start()
+    dialog = window.open_models()
+    harness.act(lambda: dialog.tabs.setCurrentWidget(dialog.catalog_tab))
+    harness.wait_until(lambda: all(c.badge.level != "unknown" for c in dialog.cards.values()))
+    card = next(c for c in dialog.cards.values() if c.badge.text() == DOES_NOT_FIT)
+    asked: list[str] = []
+
+    def answer() -> None:  # the question is modal: answered from inside its own loop
+        box = QApplication.activeModalWidget()
+        if not isinstance(box, QMessageBox):
+            QTimer.singleShot(20, answer)
+            return
+        asked.append(box.text())
+        box.button(QMessageBox.StandardButton.Cancel).click()
+
+    def click() -> None:
+        QTimer.singleShot(0, answer)
+        card.download_button.click()
+
+    harness.act(click)
+    assert len(asked) == 1 and asked[0].startswith(f"{card.entry.name} does not fit this machine")
+    assert "anyway" in asked[0] and dialog.download_rows() == []

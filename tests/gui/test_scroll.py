@@ -1,13 +1,14 @@
 """Scrolling a long conversation: older pages load all the way to the start, Ctrl+Home and
-Ctrl+End go to the ends, and a send while scrolled up shows the new message (on the tests'
+Ctrl+End go to the ends, a send while scrolled up shows the new message (on the tests'
 tiny model, tests/tiny_model.py: its reply's words are not the point, and SmolLM2's prefill of
-the long conversation took most of that test's 23 s; Ctrl+Home/End measured no faster on it)."""
+the long conversation took most of that test's 23 s; Ctrl+Home/End measured no faster on it),
+and a search hit opens scrolled to its message."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QStyle, QStyleOptionSlider
+from PySide6.QtWidgets import QStyle, QStyleOptionSlider, QWidget
 from pytestqt.qtbot import QtBot
 
 from app.ui.chat_view import PAGE_SIZE, ChatView
@@ -112,3 +113,39 @@ def test_sending_while_scrolled_up_shows_the_new_message(harness: Harness, tiny_
         lambda: in_view(window.chat, path[-2].id) and in_view(window.chat, path[-1].id)
     )
     assert not in_view(window.chat, first)
+
+
+def test_opening_a_search_hit_scrolls_to_its_message_and_marks_it(harness: Harness) -> None:
+    window = harness.start()
+    store = window.store
+    conversation = store.create_conversation("Long chat").id
+    parent = None
+    for i in range(LONG):
+        words = "The zeppelin lands at noon." if i == 6 else f"Message number {i}"
+        role = "user" if i % 2 == 0 else "assistant"
+        parent = store.add_message(conversation, parent, role, words).id
+    found = store.current_path(conversation)[6].id
+    sidebar = window.sidebar
+    harness.act(lambda: sidebar.search.setText("zeppelin"))
+    harness.wait_until(lambda: sidebar.list.count() == 1)
+
+    harness.act(lambda: sidebar.list.setCurrentRow(0))  # a click, or Enter in the field
+    assert window.conversation_id == conversation
+    harness.wait_until(lambda: in_view(window.chat, found))
+    marked = [w for w in window.chat.findChildren(QWidget, "message") if w.property("found")]
+    assert [w.property("messageId") for w in marked] == [found]
+
+
+def test_a_search_hit_on_another_branch_opens_that_branch(harness: Harness) -> None:
+    window = harness.start()
+    store = window.store
+    conversation = store.create_conversation("Airships").id
+    question = store.add_message(conversation, None, "user", "When does it land?")
+    found = store.add_message(conversation, question.id, "assistant", "The zeppelin lands.").id
+    store.add_message(conversation, question.id, "assistant", "At noon.")  # a regeneration
+    harness.act(lambda: window.sidebar.search.setText("zeppelin"))
+    harness.wait_until(lambda: window.sidebar.list.count() == 1)
+
+    harness.act(lambda: window.sidebar.list.setCurrentRow(0))
+    assert found in [m.id for m in store.current_path(conversation)]
+    harness.wait_until(lambda: in_view(window.chat, found))

@@ -1,12 +1,15 @@
-"""The first start opens a short welcome in plain words, not the expert Hardware dialog;
-the Hardware dialog is one click away; the second start shows neither."""
+"""The first start opens a short welcome in plain words, not the expert Hardware dialog, with
+the window rather than after the model loads; the Hardware dialog is one click away; the
+second start shows neither."""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QDialog
+from PySide6.QtWidgets import QApplication, QDialog
 
+from app.engine.protocol import LoadOptions
 from app.hardware.detect import detect
-from app.ui.app import first_run
+from app.models.default import default_model_path
+from app.ui.app import first_run, open_window
 from app.ui.hardware import HardwareWizard
 from app.ui.welcome import ABOUT, CHECKING, Welcome, hardware_sentence
 from tests.gui.harness import Harness
@@ -48,3 +51,21 @@ def test_hardware_details_opens_the_hardware_dialog(harness: Harness) -> None:
     harness.act(shown.details_button.click)
     harness.wait_until(lambda: any(w.isVisible() for w in window.findChildren(HardwareWizard)))
     assert closed == [QDialog.DialogCode.Accepted.value]  # the welcome gave way to the dialog
+
+
+def test_the_welcome_opens_with_the_window_while_the_model_loads(harness: Harness) -> None:
+    """The app's own start: the welcome is up before the engine has loaded the model, says
+    it is loading, then that it is ready."""
+    load = LoadOptions(str(default_model_path()), n_ctx=4096)
+    opening = harness.loop.create_task(open_window(load, None, "light", welcome=True))
+
+    def welcome() -> Welcome | None:
+        shown = [w for w in QApplication.topLevelWidgets() if isinstance(w, Welcome)]
+        return shown[0] if shown and shown[0].isVisible() else None
+
+    harness.wait_until(lambda: welcome() is not None)
+    assert not opening.done()  # open_window still waits for the engine to load the model
+    assert "is loading" in welcome().model.text()
+    harness.window, harness.session = harness.run(opening)
+    harness.run(harness.window.prewarm.idle())
+    harness.wait_until(lambda: "is ready" in welcome().model.text())

@@ -4,11 +4,15 @@ after Continue."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QWidget
 
+from app.conversations.export import export_json
 from app.ui.sidebar import _ID
 from tests.gui.harness import Harness
 
@@ -50,9 +54,28 @@ def test_esc_clears_the_sidebar_search_and_a_new_chat_is_not_hidden_by_it(
 
     search("airsh")
     harness.act(window.new_conversation)
-    assert sidebar.search.text() == ""
     shown = [sidebar.list.item(i).data(_ID) for i in range(sidebar.list.count())]
     assert window.conversation_id in shown
+
+
+def test_an_imported_chat_is_not_hidden_by_the_sidebar_search(
+    harness: Harness, tmp_path: Path
+) -> None:
+    window = harness.start()
+    store, sidebar = window.store, window.sidebar
+    pasta = store.create_conversation(title="Pasta")
+    store.add_message(pasta.id, None, "user", "How long to boil pasta?")
+    export = tmp_path / "pasta.json"
+    export.write_text(json.dumps(export_json(store, pasta.id)), "utf-8")
+    store.create_conversation(title="Airships")
+    harness.act(sidebar.refresh)
+    harness.act(lambda: sidebar.search.setText("airsh"))
+    harness.wait_until(lambda: sidebar.list.count() == 1)
+
+    harness.act(lambda: window.import_from(export))
+    shown = [sidebar.list.item(i).data(_ID) for i in range(sidebar.list.count())]
+    assert window.conversation_id != pasta.id and window.conversation_id in shown
+    assert sidebar.search.text() == ""
 
 
 def test_focus_returns_to_the_composer_after_continue(harness: Harness) -> None:

@@ -1,14 +1,16 @@
-"""Text zoom (remembered), Help > About (versions, folders, the doctor's report copied) and
-the notification of a reply that finishes while the window is in the background."""
+"""Text zoom (remembered; tool rows and action links grow with the text), Help > About
+(versions, folders, the doctor's report copied) and the notification of a reply that finishes
+while the window is in the background."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QApplication, QLabel, QTextBrowser, QWidget
+from PySide6.QtWidgets import QApplication, QLabel, QTextBrowser, QToolButton, QWidget
 
 from app import paths
+from app.conversations import ToolCall
 from app.ui.zoom import ZOOM_KEY
 from tests.gui.harness import Harness
 
@@ -102,3 +104,42 @@ def test_a_reply_in_the_background_notifies_and_one_in_front_does_not(harness: H
     harness.turn()
     assert len(notified) == 1  # the reader was looking
     other.deleteLater()
+
+
+def test_zoom_sizes_tool_rows_and_action_links_with_the_text(harness: Harness) -> None:
+    window = harness.start()
+    store, conversation = window.store, window.conversation_id
+    question = store.add_message(conversation, None, "user", "Weather in Paris?")
+    call = ToolCall("call_paris", "get_weather", '{"city": "Paris"}')
+    asked = store.add_message(conversation, question.id, "assistant", "", tool_calls=[call])
+    result = store.add_message(
+        conversation, asked.id, "tool", "18 C", tool_call_id=call.id, tool_name=call.name
+    )
+    store.add_message(conversation, result.id, "assistant", "It is 18 C in Paris.")
+    harness.act(window.reload)
+    window.activateWindow()
+
+    def sizes() -> dict[str, float]:
+        shown = [
+            *window.chat.findChildren(QToolButton, "toolToggle"),
+            *window.chat.findChildren(QToolButton, "copyButton"),
+            *window.chat.findChildren(QToolButton, "editButton"),
+            *window.chat.findChildren(QToolButton, "regenerateButton"),
+        ]
+        for widget in shown:
+            widget.ensurePolished()
+        return {f"{w.objectName()}-{i}": w.font().pointSizeF() for i, w in enumerate(shown)}
+
+    before = sizes()
+    assert {name.split("-")[0] for name in before} == {
+        "toolToggle",
+        "copyButton",
+        "editButton",
+        "regenerateButton",
+    }
+    key(harness, window, Qt.Key.Key_Equal)
+    key(harness, window, Qt.Key.Key_Equal)
+    after = sizes()
+    assert all(after[name] > before[name] * 1.15 for name in before), (before, after)
+    key(harness, window, Qt.Key.Key_0)
+    assert sizes() == before

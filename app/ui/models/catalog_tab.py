@@ -23,7 +23,7 @@ from app.hardware.detect import Hardware
 from app.models.catalog import DOES_NOT_FIT, CatalogEntry, Fit, assess
 from app.ui.a11y import described
 from app.ui.models.download_row import DownloadRow
-from app.ui.models.widgets import FitBadge, tab_page, text_label
+from app.ui.models.widgets import FitBadge, download_anyway, tab_page, text_label
 from app.ui.models.words import format_context, machine_summary
 from app.units import decimal_bytes
 
@@ -101,6 +101,11 @@ class CatalogCard(QFrame):
         self._fits = text != DOES_NOT_FIT
         self.set_available(self._state, self._where)
 
+    @property
+    def fits(self) -> bool:
+        """False once the badge says the model does not fit this machine."""
+        return self._fits
+
     def set_available(self, state: str, where: str = "") -> None:
         """State is one of download, downloading, or have (already in the library)."""
         self._state, self._where = state, where
@@ -146,13 +151,20 @@ class CatalogTab:
                 family = entry.family
                 cards.addWidget(text_label(family.upper(), "section", body))
             card = CatalogCard(entry, body)
-            card.download_button.clicked.connect(lambda _=False, e=entry: self.download_entry(e.id))
+            card.download_button.clicked.connect(
+                lambda _=False, e=entry: self._download_clicked(e.id)
+            )
             self.cards[entry.id] = card
             cards.addWidget(card)
         cards.addStretch(1)
         scroll.setWidget(body)
         column.addWidget(scroll, 1)
         return page
+
+    def _download_clicked(self, entry_id: str) -> None:
+        card = self.cards[entry_id]
+        if card.fits or download_anyway(self, card.entry.name, card.entry.size_bytes):
+            self.download_entry(entry_id)
 
     def download_entry(self, entry_id: str) -> DownloadRow:
         entry = self.cards[entry_id].entry

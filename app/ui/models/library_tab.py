@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QItemSelection, QSortFilterProxyModel, Qt, QThreadPool
+from PySide6.QtCore import QItemSelection, QSize, QSortFilterProxyModel, Qt, QThreadPool
 from PySide6.QtGui import (
     QFont,
     QFontDatabase,
@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSplitter,
     QStackedWidget,
+    QStyle,
     QTableView,
     QVBoxLayout,
     QWidget,
@@ -57,7 +58,6 @@ from app.ui.models.words import (
     EMPTY_LIBRARY,
     GREEN,
     LINKED,
-    NAME_COLUMN_MAX_PX,
     describe_settings,
     format_context,
     format_parameters,
@@ -81,6 +81,23 @@ def library_pool() -> QThreadPool:
             _library_pool = QThreadPool()
             _library_pool.setMaxThreadCount(1)
         return _library_pool
+
+
+class _Header(QHeaderView):
+    """Column headers sized to their words, with room for the sort arrow only where it is:
+    Qt keeps that room on every column, about 200 px over eight, which pushed Context and
+    Size out of sight at the dialog's size."""
+
+    def __init__(self, parent: QWidget) -> None:
+        super().__init__(Qt.Orientation.Horizontal, parent)
+        self.setSectionsClickable(True)
+
+    def sectionSizeFromContents(self, logicalIndex: int) -> QSize:
+        size = super().sectionSizeFromContents(logicalIndex)
+        if self.isSortIndicatorShown() and logicalIndex != self.sortIndicatorSection():
+            arrow = size.height() + self.style().pixelMetric(QStyle.PixelMetric.PM_HeaderMargin)
+            size.setWidth(size.width() - arrow)
+        return size
 
 
 class LibraryTab:
@@ -127,6 +144,7 @@ class LibraryTab:
         self.proxy.setFilterKeyColumn(-1)
         self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
         self.table = QTableView(page)
+        self.table.setHorizontalHeader(_Header(self.table))
         self.table.setModel(self.proxy)
         described(self.table, "Models in the library", "Select a model; double-click to load it")
         self.table.setSortingEnabled(True)
@@ -141,10 +159,11 @@ class LibraryTab:
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(30)
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)  # fit_name_column
+        # The Name column takes the room the others leave (its names elide in the middle), so
+        # Context and Size stay in sight at the dialog's size instead of behind a scroll bar.
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for col in range(1, len(COLUMNS)):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
-        header.setStretchLastSection(True)
         header.setHighlightSections(False)
         header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
 
@@ -153,7 +172,7 @@ class LibraryTab:
         self.splitter.addWidget(self.table)
         self.splitter.addWidget(self.details)
         self.splitter.setStretchFactor(0, 1)
-        self.splitter.setSizes([760, 320])
+        self.splitter.setSizes([780, 300])  # the details at their narrowest: the table's room
         self.splitter.setChildrenCollapsible(False)
 
         self.library_empty = EmptyState(
@@ -362,7 +381,6 @@ class LibraryTab:
             self.table_model.appendRow(self._row_items(model))
         self.table.setSortingEnabled(True)
         self.library_stack.setCurrentWidget(self.library_empty if not models else self.splitter)
-        self._fit_name_column()
         total = sum(m.size_bytes for m in models if not (m.linked or m.bundled))
         linked = sum(1 for m in models if m.linked)
         bundled = sum(1 for m in models if m.bundled)
@@ -381,12 +399,6 @@ class LibraryTab:
         self._selection_changed()
         self._update_catalog_buttons()
         self.library_refreshed.emit()
-
-    def _fit_name_column(self) -> None:
-        """The Name column as wide as its longest name (within reason), not what is left."""
-        self.table.resizeColumnToContents(0)
-        header = self.table.horizontalHeader()
-        header.resizeSection(0, min(header.sectionSize(0), NAME_COLUMN_MAX_PX))
 
     def _row_items(self, model: ModelEntry) -> list[QStandardItem]:
         source = BUNDLED if model.bundled else LINKED if model.linked else ""

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.hardware.detect import Hardware
-from app.models.catalog import size_verdict
+from app.models.catalog import DOES_NOT_FIT, size_verdict
 from app.models.hub import (
     FileGroup,
     HubModel,
@@ -38,6 +38,7 @@ from app.models.hub import (
 )
 from app.ui.a11y import described
 from app.ui.background import Background
+from app.ui.models.widgets import download_anyway
 from app.ui.models.words import FIT_COLORS, FIT_TIPS, fit_level
 from app.units import decimal_bytes
 
@@ -208,6 +209,7 @@ class HubSearch(QWidget):
             names.append(f"{projector.name} (its vision projector, downloaded with it)")
         child.setToolTip(0, "\n".join(names))
         hardware = self._hardware()
+        verdict = None
         if hardware is not None:
             verdict = size_verdict(size, False, hardware)
             child.setText(3, verdict)
@@ -223,7 +225,7 @@ class HubSearch(QWidget):
             f"Download {group.key}",
             f"Download {decimal_bytes(size)} from {listing.repo} into the library",
         )
-        button.clicked.connect(lambda: self.download(listing.repo, group.key))
+        button.clicked.connect(lambda: self._download_clicked(listing.repo, group, verdict))
         self.tree.setItemWidget(child, 4, button)
 
     def _listing_failed(self, repo: str, words: str) -> None:
@@ -232,6 +234,10 @@ class HubSearch(QWidget):
             item.takeChildren()
             item.setExpanded(False)
         self.status.setText(words)
+
+    def _download_clicked(self, repo: str, group: FileGroup, verdict: str | None) -> None:
+        if verdict != DOES_NOT_FIT or download_anyway(self, f"{repo} · {group.key}", group.size):
+            self.download(repo, group.key)
 
     def download(self, repo: str, key: str) -> None:
         """Download one quantization (or the MLX model) through the Downloads tab."""

@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 
 from app.ui.a11y import described
 from app.ui.models.words import FIT_COLORS, FIT_TIPS, fit_level
+from app.units import decimal_bytes
 
 
 def text_label(text: str = "", name: str = "", parent: QWidget | None = None) -> QLabel:
@@ -60,6 +61,19 @@ def confirm(
     no.setText(keep)
     described(no, keep, keep)
     return box.exec() == QMessageBox.StandardButton.Yes
+
+
+def download_anyway(parent: QWidget, name: str, size: int) -> bool:
+    """Ask before downloading a model whose fit badge says it does not fit this machine:
+    gigabytes for a model that cannot run here should be a choice, not a slip."""
+    return confirm(
+        parent,
+        "Download a model that does not fit",
+        f"{name} does not fit this machine: it needs more memory than this machine's GPUs "
+        f"and RAM have together, so it will not load here.\n\nDownload its "
+        f"{decimal_bytes(size)} anyway, for another computer?",
+        "Download Anyway",
+    )
 
 
 def pill(label: QLabel, text: str, color: str) -> None:

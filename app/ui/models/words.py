@@ -36,7 +36,6 @@ COLUMN_TIPS = (
 )
 
 LINKED = "linked ↗"
-NAME_COLUMN_MAX_PX = 360  # the Name column fits its names up to this, then elides
 
 
 def library_footer(count: int, folder_bytes: int, n_folders: int, linked: int, bundled: int) -> str:
