@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from app.bench.attach_run import QUESTION, attach, prewarm_off, timed_run
+from app.bench.attach_run import QUESTION, attach, enter_summary, prewarm_off, timed_run
 
 LINE = "Night {n}: the keeper trimmed the wick, wound the clock, and logged a {wind} wind."
 WINDS = ("north", "west", "salt-heavy", "calm", "gusting", "southerly")
@@ -133,26 +133,11 @@ async def measure(tokens: int, reps: int, folder: Path) -> dict[str, Any]:
 def report(
     tokens: int, runs: dict[str, list[dict[str, Any]]], stalls: list[float]
 ) -> dict[str, Any]:
-    def median(mode: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[mode] if r[key] is not None)
-
-    warm, cold = median("prewarm", "ttft_s"), median("no_prewarm", "ttft_s")
     return {
         "benchmark": "attach_ttft",
         "file_tokens": tokens,
         "question_words": len(QUESTION.split()),
-        "reps": len(runs["prewarm"]),
-        "prewarm": {
-            "ttft_s_median": round(warm, 4),
-            "prefilled_after_enter_median": median("prewarm", "prefilled_tokens"),
-            "runs": runs["prewarm"],
-        },
-        "no_prewarm": {
-            "ttft_s_median": round(cold, 4),
-            "prefilled_after_enter_median": median("no_prewarm", "prefilled_tokens"),
-            "runs": runs["no_prewarm"],
-        },
-        "speedup": round(cold / warm, 1) if warm > 0 else None,
+        **enter_summary(runs),
         "attach_longest_stall_ms": round(statistics.median(stalls), 1),
         "attach_longest_stall_ms_each": [round(s, 1) for s in stalls],
     }

@@ -18,13 +18,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import statistics
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from app.bench.attach_run import QUESTION, prewarm_off, timed_run
+from app.bench.attach_run import QUESTION, enter_summary, prewarm_off, timed_run
 
 SIDE_PX = 640  # the pictures' size: a projector scales each to its own input size
 TURNS = (
@@ -181,27 +180,12 @@ def report(
     stoke: list[dict[str, Any]],
     peer: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    def median(mode: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[mode] if r[key] is not None)
-
-    warm, cold = median("prewarm", "ttft_s"), median("no_prewarm", "ttft_s")
     return {
         "benchmark": "attach_image",
         "model": Path(model).name,
         "projector": Path(projector).name,
         "question_words": len(QUESTION.split()),
-        "reps": len(runs["prewarm"]),
-        "prewarm": {
-            "ttft_s_median": round(warm, 4),
-            "prefilled_after_enter_median": median("prewarm", "prefilled_tokens"),
-            "runs": runs["prewarm"],
-        },
-        "no_prewarm": {
-            "ttft_s_median": round(cold, 4),
-            "prefilled_after_enter_median": median("no_prewarm", "prefilled_tokens"),
-            "runs": runs["no_prewarm"],
-        },
-        "speedup": round(cold / warm, 1) if warm > 0 else None,
+        **enter_summary(runs),
         "conversation": [
             {**turn, "peer_prefilled": other["prefilled"], "peer_ttft_s": other["ttft_s"]}
             for turn, other in zip(stoke, peer, strict=True)

@@ -6,6 +6,7 @@ draft prefill off for the runs without it."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,4 +86,26 @@ async def timed_run(window: Any, path: Path) -> dict[str, Any]:
         "prompt_tokens": stats.prompt_tokens if stats else None,
         "reused_tokens": stats.reused_tokens if stats else None,
         "prefilled_tokens": stats.prefilled_tokens if stats else None,
+    }
+
+
+def enter_summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The runs with and without the attachment read on attach: each side's median TTFT and
+    tokens prefilled after Enter, its runs, and how much faster the warm side was."""
+
+    def median(mode: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[mode] if r[key] is not None)
+
+    warm, cold = median("prewarm", "ttft_s"), median("no_prewarm", "ttft_s")
+    return {
+        "reps": len(runs["prewarm"]),
+        **{
+            mode: {
+                "ttft_s_median": round(median(mode, "ttft_s"), 4),
+                "prefilled_after_enter_median": median(mode, "prefilled_tokens"),
+                "runs": runs[mode],
+            }
+            for mode in ("prewarm", "no_prewarm")
+        },
+        "speedup": round(cold / warm, 1) if warm > 0 else None,
     }
