@@ -385,6 +385,8 @@ class ChatSession:
             conversation, history, info, drop_oldest=drop_oldest, tools=tools
         )
         prompt = transcript.prompt()
+        # through the last reply: what the conversation's KV held before this turn
+        held = sum(len(segment.tokens) for segment in transcript.segments)
         sampling, max_tokens = sampling_of(conversation)
         if grammar is not None:
             sampling = dataclasses.replace(sampling, grammar=grammar)
@@ -420,6 +422,7 @@ class ChatSession:
             on_token=on_token,
             before=before,
             finish=finish,
+            held=held,
         )
         try:
             text, tokens, stats, status = await stream()
@@ -455,10 +458,12 @@ class ChatSession:
         on_token: OnToken | None,
         before: _Partial,
         finish: Finish | None = None,
+        held: int = 0,
     ) -> tuple[str, list[int], GenerationStats | None, str]:
         """Generate into `reply` (after what it already holds), saving as it streams;
         a crash or an error leaves it interrupted, never lost. A complete reply's last write
-        carries what `finish` adds."""
+        carries what `finish` adds. `held`: the conversation's tokens through its last reply,
+        the prompt's progress shown from the start (before the engine's first chunk)."""
         pieces: list[str] = [before.text]
         tokens: list[int] = list(before.tokens)
         saved_at = time.monotonic()
@@ -474,13 +479,16 @@ class ChatSession:
             self._unsaved.pop(reply.id, None)
             return None
 
+        progress = self._progress_of(reply.id)
+        if progress is not None:  # from Enter: the engine may first finish a draft's prefill
+            progress(PrefillProgress(min(held, len(prompt)), len(prompt)))
         try:
             self._active = await self.engine.generate(
                 prompt,
                 sampling,
                 max_tokens,
                 slot=slot,
-                on_progress=self._progress_of(reply.id),
+                on_progress=progress,
                 prefill_chunk=USER_CHUNK,  # someone watches this reply and may press Stop
             )
             async for event in self._active:

@@ -57,17 +57,27 @@ def test_the_window_reads_a_long_message_in_user_chunks(
         try:
             conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 2})
             result = await session.send(conversation.id, PROSE * 36)
-            return seen, result.stats
+            first = list(seen)
+            seen.clear()
+            follow_up = await session.send(conversation.id, "And then?")
+            return first, result.stats, seen, follow_up.stats
         finally:
             await session.engine.close()
 
-    seen, stats = run(scenario())
+    seen, stats, again, follow_up = run(scenario())
+    # shown from Enter, before the engine's first chunk: what the conversation held (nothing)
+    assert seen[0] == PrefillProgress(0, stats.prompt_tokens)
+    seen = seen[1:]
     steps = _steps(seen)
     assert stats.prompt_tokens > 2 * USER_CHUNK and stats.prefilled_tokens == stats.prompt_tokens
     assert {p.total for p in seen} == {stats.prompt_tokens}
     assert seen[-1].done == stats.prompt_tokens
     assert all(0 < step <= USER_CHUNK for step in steps)  # strictly rising, small steps
     assert len(seen) == math.ceil(stats.prompt_tokens / USER_CHUNK)
+    # a follow-up starts its count at what the conversation held through its last reply
+    held = stats.prompt_tokens + stats.generated_tokens
+    assert again[0] == PrefillProgress(held, follow_up.prompt_tokens)
+    assert follow_up.reused_tokens >= held - 1 and again[-1].done == follow_up.prompt_tokens
 
 
 def test_an_api_request_reads_its_prompt_in_whole_batches(model_path, monkeypatch):
