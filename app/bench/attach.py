@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.attach_run import QUESTION, attach, enter_summary, prewarm_off, timed_run
+from app.bench.output import emit
 
 LINE = "Night {n}: the keeper trimmed the wick, wound the clock, and logged a {wind} wind."
 WINDS = ("north", "west", "salt-heavy", "calm", "gusting", "southerly")
@@ -174,7 +174,7 @@ def main(args: argparse.Namespace) -> int:
             from app.bench import attach_image
 
             result = attach_image.measure(args.model, args.mmproj, args.reps, folder)
-            return _done(result, attach_image.render(result), args.json)
+            return emit(result, attach_image.render(result), args.json)
         app = QApplication.instance() or QApplication([])
         app.setQuitOnLastWindowClosed(False)
         loop = qasync.QEventLoop(app)
@@ -185,12 +185,4 @@ def main(args: argparse.Namespace) -> int:
         f"longest UI stall while a file is read and prefilled: "
         f"{result['attach_longest_stall_ms']} ms (each {result['attach_longest_stall_ms_each']})"
     )
-    return _done(result, f"{render(result)}\n{stall}", args.json)
-
-
-def _done(result: dict[str, Any], table: str, json_path: str | None) -> int:
-    print(table)
-    if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n", "utf-8")
-    print(json.dumps(result))
-    return 0
+    return emit(result, f"{render(result)}\n{stall}", args.json)
