@@ -89,18 +89,24 @@ def _prefill(model: Any, tokens: list[int]) -> float:
     return len(tokens) / (time.perf_counter() - start)
 
 
+def _step(model: Any, tokens: Any, cache: Any) -> Any:
+    """One call of `model` over `tokens` [1, L] into `cache`: its greedy next token, evaluated."""
+    import mlx.core as mx
+
+    out = model(tokens, cache=cache)
+    token = mx.argmax(getattr(out, "logits", out)[0, -1])
+    mx.eval(token)
+    return token
+
+
 def _decode(model: Any, prompt: list[int], n: int) -> float:
     import mlx.core as mx
 
     cache = model.make_cache()
-    out = model(mx.array([prompt]), cache=cache)
-    token = mx.argmax(getattr(out, "logits", out)[0, -1])
-    mx.eval(token)
+    token = _step(model, mx.array([prompt]), cache)
     start = time.perf_counter()
     for _ in range(n):
-        out = model(token.reshape(1, 1), cache=cache)
-        token = mx.argmax(getattr(out, "logits", out)[0, -1])
-        mx.eval(token)
+        token = _step(model, token.reshape(1, 1), cache)
     return n / (time.perf_counter() - start)
 
 
@@ -111,23 +117,14 @@ def decode_steps(models: dict[str, Any], prompt: list[int], n: int) -> dict[str,
     ranged 10-32 tok/s on the busy 2-core box)."""
     import mlx.core as mx
 
-    state = {}
-    for name, model in models.items():
-        cache = model.make_cache()
-        out = model(mx.array([prompt]), cache=cache)
-        token = mx.argmax(getattr(out, "logits", out)[0, -1])
-        mx.eval(token)
-        state[name] = (cache, token)
+    caches = {name: model.make_cache() for name, model in models.items()}
+    tokens = {name: _step(m, mx.array([prompt]), caches[name]) for name, m in models.items()}
     steps: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(n):
         for name, model in models.items():
-            cache, token = state[name]
             start = time.perf_counter()
-            out = model(token.reshape(1, 1), cache=cache)
-            token = mx.argmax(getattr(out, "logits", out)[0, -1])
-            mx.eval(token)
+            tokens[name] = _step(model, tokens[name].reshape(1, 1), caches[name])
             steps[name].append(time.perf_counter() - start)
-            state[name] = (cache, token)
     return {name: 1 / statistics.median(times) for name, times in steps.items()}
 
 

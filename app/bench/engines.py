@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import os
 import platform
 import statistics
@@ -61,7 +62,7 @@ def _stoke(engine: Any, banned: tuple[int, ...]) -> Side:
     sampling = SamplingParams(
         temperature=0.0, top_p=1.0, min_p=0.0, seed=0, logit_bias=tuple((t, -1e9) for t in banned)
     )
-    runs = iter(range(1 << 30))
+    runs = itertools.count()
 
     def run(prompt: list[int], n: int) -> tuple[float, float]:
         slot = f"bench-{next(runs)}"

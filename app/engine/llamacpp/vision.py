@@ -100,20 +100,23 @@ class Vision:
             mtmd.mtmd_input_chunks_free(chunks)
             mtmd.mtmd_bitmap_free(bitmap)
 
-    def n_tokens(self, token: int) -> int:
+    def _held_of(self, token: int) -> _Held:
+        """The image registered under `token` (now the most recently used), or ImageGoneError:
+        others took its place since its prompt was built."""
         held = self._held.get(token)
         if held is None:
             raise ImageGoneError()
-        return held.n_tokens
+        self._held.move_to_end(token)
+        return held
+
+    def n_tokens(self, token: int) -> int:
+        return self._held_of(token).n_tokens
 
     def decode(
         self, lctx: llama_cpp.llama_context_p, token: int, pos: int, seq_id: int, n_batch: int
     ) -> None:
         """Evaluate the image registered under `token` into `seq_id` from position `pos`."""
-        held = self._held.get(token)
-        if held is None:
-            raise ImageGoneError()
-        self._held.move_to_end(token)
+        held = self._held_of(token)
         if held.embeddings is None:
             if mtmd.mtmd_encode_chunk(self._ctx, held.chunk) != 0:
                 raise EngineError("The model's projector failed to read an image.")
