@@ -23,6 +23,7 @@ import importlib.util
 import itertools
 import os
 import platform
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -127,6 +128,16 @@ def _mlx_lm(engine: Any) -> Side:
     return run
 
 
+def _mlx_device(device: Any) -> str:
+    """MLX's device, with the GPU's name where it is an NVIDIA one (MLX's CUDA build)."""
+    name = str(device)
+    if "gpu" not in name or shutil.which("nvidia-smi") is None:
+        return name
+    from app.bench.mlx_gpu import gpu_name
+
+    return f"{name}: {gpu_name()}"
+
+
 def _compare(stoke: Side, runtime: Side, prompt: list[int], args: argparse.Namespace) -> dict:
     runs: dict[str, list[tuple[float, float]]] = {"stoke": [], "runtime": []}
     for _ in range(args.rounds + 1):  # the first round warms both up and is dropped
@@ -150,10 +161,9 @@ def _compare(stoke: Side, runtime: Side, prompt: list[int], args: argparse.Names
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from app.engine.llamacpp.openmp import spin_briefly
-
-    spin_briefly()  # before llama.cpp loads, as the engine process does (a busy box stalls)
-    from app.engine.llamacpp.backend import LlamaCppEngine
+    """Each engine asked for, in turn. llama.cpp is imported only when asked: a process that
+    holds MLX's CUDA build and llama.cpp's crashed (app/bench/mlx_gpu.py), so on a GPU each
+    engine runs in a process of its own (`--engines mlx`, then `--engines llama.cpp`)."""
     from app.engine.safe_mode import cpu_identity
     from app.models.default import default_model_path
 
@@ -170,6 +180,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     rows: dict[str, Any] = {}
     if "llama.cpp" in engines:
+        from app.engine.llamacpp.openmp import spin_briefly
+
+        spin_briefly()  # before llama.cpp loads, as the engine process does (a busy box stalls)
+        from app.engine.llamacpp.backend import LlamaCppEngine
+
         engine = LlamaCppEngine()
         info = engine.load(options)
         prompt = _prompt(info.n_vocab, args.prompt)
@@ -183,6 +198,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             llm.close()
             engine.unload()
     if "mlx" in engines and importlib.util.find_spec("mlx") is not None:
+        import mlx.core as mx
+
         from app.engine.mlx.backend import MlxEngine
 
         engine = MlxEngine()
@@ -191,6 +208,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         try:
             rows["mlx"] = {
                 "beside": "mlx-lm generate_step",
+                "device": _mlx_device(mx.default_device()),
                 **_compare(_stoke(engine, info.eog_ids), _mlx_lm(engine), prompt, args),
             }
         finally:
@@ -219,10 +237,11 @@ def table(report: dict[str, Any]) -> str:
     ]
     for name, row in report["rows"].items():
         s, r, x = row["stoke"], row["runtime"], row["ratio"]
+        where = f" ({row['device']})" if "device" in row else ""
         lines.append(
-            f"| {name} | {row['beside']} | {s['prefill_tok_s']:.1f} / {r['prefill_tok_s']:.1f} "
-            f"| {x['prefill_tok_s']:.2f}x | {s['decode_tok_s']:.1f} / {r['decode_tok_s']:.1f} "
-            f"| {x['decode_tok_s']:.2f}x |"
+            f"| {name}{where} | {row['beside']} "
+            f"| {s['prefill_tok_s']:.1f} / {r['prefill_tok_s']:.1f} | {x['prefill_tok_s']:.2f}x "
+            f"| {s['decode_tok_s']:.1f} / {r['decode_tok_s']:.1f} | {x['decode_tok_s']:.2f}x |"
         )
     return "\n".join(lines)
 

@@ -2,7 +2,8 @@
 model beside mlx-vlm's at the gpu preset, without `stoke bench dsv4-reference`'s float32
 agreement runs (minutes of kernel compiles on a fresh machine, and the function they check is
 proven on the CPU by the tests): prefill and decode tok/s, rounds interleaved with the first a
-warm-up, medians of the rest, then the per-part profile. Usage: PROMPT_TOKENS OUT.json.
+warm-up, medians of the rest; decode also as single steps taken in turn (`decode_steps`, what
+`decision` judges on); then the per-part profile. Usage: PROMPT_TOKENS OUT.json.
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ def main(prompt: int, out: Path) -> None:
         print("round", i, last, flush=True)
     runs = {n: {k: v[1:] for k, v in kinds.items()} for n, kinds in runs.items()}
     medians = {n: {k: statistics.median(v) for k, v in kinds.items()} for n, kinds in runs.items()}
-    ratio = {k: medians["stoke"][k] / medians["mlx-vlm"][k] for k in ("prefill", "decode")}
+    for name, rate in reference.decode_steps(models, tokens[:64], 32 * (ROUNDS - 1)).items():
+        medians[name]["decode_step"] = rate
+    ratio = {
+        k: medians["stoke"][k] / medians["mlx-vlm"][k] for k in ("prefill", "decode", "decode_step")
+    }
     print("medians", medians, "ratio", ratio, flush=True)
     parts = profiler.profile(models, tokens, 16)
     print(profiler.table(parts), flush=True)
@@ -51,6 +56,7 @@ def main(prompt: int, out: Path) -> None:
         "runs": runs,
         "profile": parts,
     }
+    print(reference.decision({**report, "every_row": {"top1_agreement": 1.0}}), "(speed only)")
     out.write_text(json.dumps(report, indent=1), "utf-8")
     print("took", round(time.time() - start, 1))
 
