@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -54,6 +54,11 @@ from app.engine.slots import SlotEngine
 logger = logging.getLogger("stoke.engine.mlx")
 
 SNAPSHOT_FOLDER = "mlx"  # beside llama.cpp's files for the same model, never mixed with them
+# A GPU reads a prompt in steps this long at the least (mlx-lm's prefill_step_size): in steps
+# of the default n_batch (512) the engine read a 2,048-token prompt at 0.61x of mlx-lm's speed
+# on an H100 (bench/results/engines-mlx-h100-dsv4-scaled-n512-20261205.json). A CPU keeps n_batch: a step there takes
+# seconds, and Stop lands between steps.
+GPU_PREFILL_STEP = 2048
 
 
 @dataclass(kw_only=True)
@@ -63,6 +68,13 @@ class _Slot(Slot):
     cache: list[Any]
     logits: mx.array | None = None  # the next-token logits after `tokens`, when known
     hidden: HiddenRows | None = None  # the last positions' hidden states, for an MTP head
+
+
+def prefill_steps(options: LoadOptions, device: mx.Device) -> LoadOptions:
+    """`options` with the prompt read in steps of GPU_PREFILL_STEP at the least on a GPU."""
+    if device == mx.cpu:
+        return options
+    return replace(options, n_batch=max(options.n_batch, GPU_PREFILL_STEP))
 
 
 class _Payload(io.BytesIO):
@@ -169,6 +181,7 @@ class MlxEngine(SlotEngine[_Slot]):
         check_context(options)
         loaded = load_model(options.model_path)
         mx.eval(loaded.model.parameters())
+        options = prefill_steps(options, mx.default_device())
         self._loaded, self._options = loaded, options
         train = loaded.n_ctx_train
         self._n_ctx = min(options.n_ctx, train) if train > 0 else options.n_ctx
