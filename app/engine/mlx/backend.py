@@ -56,8 +56,8 @@ logger = logging.getLogger("stoke.engine.mlx")
 SNAPSHOT_FOLDER = "mlx"  # beside llama.cpp's files for the same model, never mixed with them
 # A GPU reads a prompt in steps this long at the least (mlx-lm's prefill_step_size): in steps
 # of the default n_batch (512) the engine read a 2,048-token prompt at 0.61x of mlx-lm's speed
-# on an H100 (bench/results/engines-mlx-h100-dsv4-scaled-n512-20261205.json). A CPU keeps n_batch: a step there takes
-# seconds, and Stop lands between steps.
+# on an H100 (bench/results/engines-mlx-h100-dsv4-scaled-n512-20261205.json). A CPU keeps
+# n_batch: a step there takes seconds, and Stop lands between steps.
 GPU_PREFILL_STEP = 2048
 
 
