@@ -17,9 +17,11 @@ import itertools
 import logging
 import re
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from app.engine.host import EngineClient, Priority
+from app.engine.kvstore import common_prefix
 from app.engine.protocol import (
     USER_CHUNK,
     EngineError,
@@ -46,6 +48,27 @@ def stable_prefix(draft: str) -> str:
 FilesListener = Callable[[str, Sequence[Mapping], list[PrefillProgress]], None]
 
 
+@dataclass
+class _FilesRead:
+    """A draft's files in its prompt: the prompt through them, each one's (start, end), and
+    how many of those tokens the last prefill had read."""
+
+    prefix: list[int]
+    spans: list[tuple[int, int]]
+    done: int = 0
+
+    def starts(self, tokens: list[int]) -> bool:
+        """Whether `tokens` hold these files where they were (typing comes after them)."""
+        return tokens[: len(self.prefix)] == self.prefix
+
+    def files(self) -> list[PrefillProgress]:
+        """How far each file is read, in its own tokens."""
+        return [
+            PrefillProgress(min(max(self.done - start, 0), end - start), end - start)
+            for start, end in self.spans
+        ]
+
+
 class Prewarmer:
     """Schedules background prefills and snapshots for the conversations of one session.
 
@@ -68,8 +91,7 @@ class Prewarmer:
         self.on_count: Callable[[str, int], None] | None = None
         # (conversation, its draft's files, how far each is read: done of its tokens)
         self.on_files: FilesListener | None = None
-        # conversation -> (its draft's prompt through its files, each file's span in it)
-        self._spans: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}
+        self._files_read: dict[str, _FilesRead] = {}  # conversation -> its draft's files
 
     @property
     def engine(self) -> EngineClient:
@@ -189,22 +211,24 @@ class Prewarmer:
         self, conversation_id: str, tokens: list[int], attachments: tuple[Mapping, ...]
     ) -> ProgressCallback | None:
         """The draft prefill's progress as each file's: (done, of) of the file's own span,
-        for `on_files`; None when no one listens or there are no files."""
+        for `on_files`, told at once what earlier prefills read of them (a file read stays
+        "ready" while the question is typed; a new one says "reading" before the engine's
+        first chunk); None when no one listens or there are no files."""
         listener = self.on_files
         if listener is None or not attachments:
             return None
-        prefix, spans = self._spans.get(conversation_id, ([], []))
-        if len(spans) != len(attachments) or tokens[: len(prefix)] != prefix:
+        read = self._files_read.get(conversation_id)
+        if read is None or len(read.spans) != len(attachments) or not read.starts(tokens):
             spans = self.session.draft_spans(conversation_id, attachments)  # files changed
-            self._spans[conversation_id] = (tokens[: spans[-1][1]], spans)
+            prefix = tokens[: spans[-1][1]]
+            held = common_prefix(read.prefix[: read.done], prefix) if read is not None else 0
+            read = self._files_read[conversation_id] = _FilesRead(prefix, spans, held)
 
         def heard(progress: PrefillProgress) -> None:
-            files = [
-                PrefillProgress(min(max(progress.done - start, 0), end - start), end - start)
-                for start, end in spans
-            ]
-            listener(conversation_id, attachments, files)
+            read.done = min(progress.done, len(read.prefix))
+            listener(conversation_id, attachments, read.files())
 
+        heard(PrefillProgress(read.done, len(tokens)))
         return heard
 
     def _count(self, conversation_id: str, tokens: list[int]) -> None:

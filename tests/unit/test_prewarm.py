@@ -301,9 +301,10 @@ def test_a_drafts_prefill_tells_how_far_each_file_is_read() -> None:
         return heard, prewarm.session.spans_asked
 
     heard, asked = run(main())
-    first = [[(3, 4), (0, 6)], [(4, 4), (2, 6)], [(4, 4), (5, 6)], [(4, 4), (6, 6)]]
-    assert heard[:5] == [*first, [(4, 4), (6, 6)]]  # and once more when it ends
-    assert heard[-1] == [(4, 4), (6, 6)] and asked == 1  # the files kept their places
+    chunks = [[(3, 4), (0, 6)], [(4, 4), (2, 6)], [(4, 4), (5, 6)], [(4, 4), (6, 6)]]
+    assert heard[:6] == [[(0, 4), (0, 6)], *chunks, [(4, 4), (6, 6)]]  # before, after
+    assert heard[6] == [(4, 4), (6, 6)]  # typed after them, the files read stay read
+    assert heard[-1] == [(4, 4), (6, 6)] and asked == 1  # and kept their places
 
 
 def test_open_prefills_the_history_in_the_background() -> None:
