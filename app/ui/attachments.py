@@ -47,6 +47,7 @@ from app.conversations.images import ImageFileError, image_bytes, thumbnail_of
 from app.engine.protocol import PrefillProgress
 from app.ui.background import Background
 from app.ui.context_meter import ContextMeter
+from app.ui.elided import ElidedLabel
 from app.ui.image_view import ImageView
 
 CHIP_NAME_PX = 180  # a long file name is elided to this width
@@ -129,7 +130,7 @@ class AttachmentChip(QFrame):
             self.picture.setToolTip("View the picture large")
             self.picture.clicked.connect(self.view)
             row.addWidget(self.picture)
-        self.label = QLabel(self)
+        self.label = ElidedLabel(parent=self)  # "reading …" is long: it never widens the window
         self.label.setObjectName("attachment-name")
         metrics = self.label.fontMetrics()
         self._name = metrics.elidedText(record["name"], Qt.TextElideMode.ElideMiddle, CHIP_NAME_PX)

@@ -124,10 +124,13 @@ def test_a_files_chip_says_how_far_it_is_read_then_ready(
     bar = window.draft_files.bar
     seen: list[list[str]] = []
     told = window.prewarm.on_files
+    narrowest = window.minimumSizeHint().width()
+    widths: list[int] = []
 
     def watch(conversation_id: str, files: list[dict], read: list) -> None:
         told(conversation_id, files, read)
         seen.append(chip_texts(bar))
+        widths.append(window.minimumSizeHint().width())
 
     window.prewarm.on_files = watch
     assert drop(window, [document(tmp_path, lines=80)])
@@ -142,6 +145,7 @@ def test_a_files_chip_says_how_far_it_is_read_then_ready(
     assert {m[2] for m in reading if m} == {f"{tokens:,}"}
     ready = f"keeper-notes.md · {tokens:,} tokens · ready"
     assert seen[-1] == [ready] and chip_texts(bar) == [ready]
+    assert max(widths) <= narrowest  # the longer words never widen the window
 
 
 def test_the_paperclip_reads_a_pdf_removes_files_and_refuses_in_words(
