@@ -4,6 +4,10 @@ A bug report with this attached answers the first questions (versions, devices, 
 model loads, where files live) before anyone has to ask. Collecting never raises: a broken
 piece becomes a line in the report, since a broken installation is when the report matters.
 Loads run in subprocesses, so a runtime that crashes or hangs cannot take the report with it.
+
+The window's Copy diagnostics hands in what it knows (`Running`: the engine its model is
+loaded on), so its report loads no model again, and it waits a short bound for llama.cpp's
+devices: the two loads were most of its ~10 s. `stoke doctor` in a terminal checks all.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,8 @@ from app import paths
 from app.units import decimal_bytes, gib
 
 LOAD_TIMEOUT_S = 60.0
+INFO_TIMEOUT_S = 4 * LOAD_TIMEOUT_S  # the CPU buffer verdict may run its probe (once a machine)
+WINDOW_TIMEOUT_S = 10.0  # the window's report: its engine loaded, so the verdict is cached
 NO_KEYRING = "no keyring backend: secrets are kept in memory only"
 _ROOT = Path(__file__).resolve().parents[1]  # the folder holding `app`
 
@@ -99,6 +106,15 @@ else:
     engine.unload()
 print(json.dumps(report))
 """
+
+
+@dataclass(frozen=True)
+class Running:
+    """What the running window already knows: its model is loaded on `engine` (a local one,
+    "llama.cpp" or "mlx"), so its report need not load it again to learn that."""
+
+    engine: str
+    model_path: str
 
 
 def _version(dists: tuple[str, ...]) -> str:
@@ -177,11 +193,7 @@ def check_mlx(
 ) -> dict[str, Any]:
     """Whether MLX imports here, which device it would compute on, and whether the MLX
     engine loads a model (default: the bundled one) in a subprocess."""
-    try:
-        installed = importlib.util.find_spec("mlx.core") is not None
-    except (ImportError, ValueError):
-        installed = False
-    if not installed:
+    if not _mlx_installed():
         return {"ok": False, "installed": False, "error": "not installed"}
     try:
         model_path = model_path or _default_model_path()
@@ -189,6 +201,34 @@ def check_mlx(
         return {"ok": False, "installed": True, "error": f"no default model: {exc}"}
     result = _run_probe(_MLX_PROBE, [str(model_path)], timeout)
     return {"installed": True, "model_path": str(model_path), **result}
+
+
+def _mlx_installed() -> bool:
+    try:
+        return importlib.util.find_spec("mlx.core") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def known_loads(running: Running) -> dict[str, dict[str, Any]]:
+    """The engines' load checks as the window knows them, in no subprocess: the one it runs
+    has loaded its model; the other is not checked (a load each, seconds, was most of the
+    wait; `stoke doctor` in a terminal loads the model with each)."""
+    skipped = (
+        f"not checked: the window runs its model on {running.engine} "
+        "(`stoke doctor` in a terminal loads it with each engine)"
+    )
+    loads: dict[str, dict[str, Any]] = {
+        "llama.cpp": {"ok": False, "not_checked": skipped},
+        "mlx": {"ok": False, "installed": _mlx_installed(), "not_checked": skipped},
+    }
+    loads[running.engine] = {
+        "ok": True,
+        "installed": True,
+        "model_path": running.model_path,
+        "running": True,
+    }
+    return loads
 
 
 def engine_choice() -> dict[str, Any]:
@@ -228,14 +268,14 @@ def reset_safe_mode() -> list[str]:
     return [words(r) for r in SafeModeRecords().clear()]
 
 
-def llamacpp_info(timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+def llamacpp_info(timeout: float = INFO_TIMEOUT_S) -> dict[str, Any]:
     """llama.cpp's build features and devices, asked in a subprocess.
 
     A wheel built for another CPU dies of an illegal instruction on import, and asking a CUDA
     device for its memory creates a context: neither should happen to the caller. The CPU
-    buffer-type verdict may run its probe (once per machine), hence the longer wait.
+    buffer-type verdict may run its probe (once per machine), hence the long default wait.
     """
-    return _run_probe(_LLAMACPP_PROBE, [], timeout * 4)
+    return _run_probe(_LLAMACPP_PROBE, [], timeout)
 
 
 def _default_model() -> dict[str, Any]:
@@ -344,17 +384,23 @@ def check_rpc(extra: Sequence[str] = ()) -> dict[str, Any]:
     return {"servers": servers}
 
 
-def collect(rpc: Sequence[str] = ()) -> dict[str, Any]:
+def collect(rpc: Sequence[str] = (), running: Running | None = None) -> dict[str, Any]:
     """Everything the report shows, as plain JSON-serialisable data (`stoke doctor --json`);
     `rpc` adds rpc-servers to check. The subprocess probes are most of the wait (a load each,
     seconds): they run side by side, so the report takes about its slowest probe, not their
-    sum (Help > About's Copy diagnostics waits on this)."""
+    sum. With `running` (Help > About's Copy diagnostics) the loads are what the window knows
+    (`known_loads`) and llama.cpp's devices are waited for `WINDOW_TIMEOUT_S` at most."""
     machine = platform.machine()
     workers = max(1, min(4, (os.cpu_count() or 1) // 2))  # a core each, half the machine's
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="doctor") as pool:
-        llama_info = pool.submit(llamacpp_info)
-        llama_load = pool.submit(check_llamacpp)
-        mlx_load = pool.submit(check_mlx)
+        llama_info = pool.submit(
+            llamacpp_info, INFO_TIMEOUT_S if running is None else WINDOW_TIMEOUT_S
+        )
+        if running is None:
+            llama_load, mlx_load = pool.submit(check_llamacpp), pool.submit(check_mlx)
+        else:
+            known = known_loads(running)
+            llama_load, mlx_load = _done(known["llama.cpp"]), _done(known["mlx"])
         rpc_check = pool.submit(_guarded, lambda: check_rpc(rpc))
         default_model = _guarded(_default_model)  # the quick parts, meanwhile
         choice = _guarded(engine_choice)
@@ -387,6 +433,13 @@ def collect(rpc: Sequence[str] = ()) -> dict[str, Any]:
             "keyring": keyring,
             "safe_mode": _guarded(safe_mode),
         }
+
+
+def _done(result: dict[str, Any]) -> Future:
+    """An answer already known, as the probes' futures are read."""
+    future: Future = Future()
+    future.set_result(result)
+    return future
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -428,7 +481,15 @@ def _model_rows(model: dict[str, Any]) -> list[tuple[str, str]]:
     return [("path", model["path"]), ("exists", size)]
 
 
+def _running_line(check: dict[str, Any]) -> str:
+    return f"ok, the window has {Path(check['model_path']).name} loaded on it"
+
+
 def _llamacpp_line(check: dict[str, Any]) -> str:
+    if check.get("running"):
+        return _running_line(check)
+    if "not_checked" in check:
+        return check["not_checked"]
     if not check.get("ok"):
         return f"cannot load: {check.get('error', 'unknown error')}"
     return f"ok, loaded the model in {check['load_s']:.2f} s"
@@ -437,6 +498,10 @@ def _llamacpp_line(check: dict[str, Any]) -> str:
 def _mlx_line(check: dict[str, Any], apple_silicon: bool) -> str:
     if not check.get("installed"):
         return "not installed"
+    if check.get("running"):
+        return _running_line(check)
+    if "not_checked" in check:
+        return check["not_checked"]
     if not check.get("ok") and "device" not in check:
         return f"cannot import: {check.get('error', 'unknown error')}"
     line = f"default device {check['device']}"

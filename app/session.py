@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -627,6 +628,20 @@ class ChatSession:
         history = self.store.current_path(conversation.id)
         transcript = self.transcript(conversation, history)
         return transcript.preview(user_content(draft, attachments), self._images(attachments))
+
+    def draft_spans(
+        self, conversation_id: str, attachments: Sequence[Mapping]
+    ) -> list[tuple[int, int]]:
+        """Where each of a draft's files lies in its prompt, (start, end) in tokens: how far
+        a prefill of the draft has read each file (its chip says so). The previews of the
+        files one by one, since a file's tokens in the prompt are not its own count."""
+        conversation = self.store.get_conversation(conversation_id)
+        transcript = self.transcript(conversation, self.store.current_path(conversation.id))
+        ends = [
+            len(transcript.preview(user_content("", files), self._images(files)))
+            for files in (attachments[:n] for n in range(len(attachments) + 1))
+        ]
+        return list(itertools.pairwise(ends))
 
     def _build(
         self, conversation: Conversation, history: list[Message], tools: ToolPrompt | None

@@ -82,13 +82,10 @@ class EngineCrashedError(EngineError):
 class Generation:
     """A streaming reply: iterate for TokenEvents; `stats` is set when it ends."""
 
-    def __init__(
-        self, client: EngineClient, req_id: int, on_progress: ProgressCallback | None = None
-    ) -> None:
+    def __init__(self, client: EngineClient, req_id: int) -> None:
         self._client = client
         self.req_id = req_id
-        self.on_progress = on_progress  # the prompt's prefill, chunk by chunk
-        self.progress: PrefillProgress | None = None
+        self.progress: PrefillProgress | None = None  # the prompt's prefill, as last heard
         self.queue: asyncio.Queue[TokenEvent | GenerationStats | BaseException] = asyncio.Queue()
         self.stats: GenerationStats | None = None
         self.tokens: list[int] = []
@@ -117,6 +114,7 @@ class _Pending:
     future: asyncio.Future | None = None
     generation: Generation | None = None
     message: tuple = ()  # as sent, so a decode can be sent again after a safe-mode restart
+    on_progress: ProgressCallback | None = None  # a decode's prompt, chunk by chunk
 
     def untouched_decode(self) -> bool:
         """A generate or prefill that has not yielded anything yet: safe to send again."""
@@ -369,10 +367,16 @@ class EngineClient:
         *,
         slot: str = "default",
         priority: Priority = Priority.BACKGROUND,
+        on_progress: ProgressCallback | None = None,
+        prefill_chunk: int = 0,
     ) -> GenerationStats:
-        """Prefill-only (the max_tokens 0 prewarm). Preempted or cancelled: `cancelled`."""
+        """Prefill-only (the max_tokens 0 prewarm). Preempted or cancelled: `cancelled`.
+        `on_progress` and `prefill_chunk` as for `generate` (a draft's files are watched)."""
         await self.ready()
-        return await self._call("prefill", (list(tokens),), {"slot": slot}, priority=priority)
+        kwargs = {"slot": slot, "prefill_chunk": prefill_chunk}
+        return await self._call(
+            "prefill", (list(tokens),), kwargs, priority=priority, on_progress=on_progress
+        )
 
     async def generate(
         self,
@@ -390,7 +394,7 @@ class EngineClient:
         event loop."""
         await self.ready()
         req_id = next(self._ids)
-        generation = Generation(self, req_id, on_progress)
+        generation = Generation(self, req_id)
         message = (
             "call",
             req_id,
@@ -399,17 +403,25 @@ class EngineClient:
             (list(tokens), sampling, max_tokens),
             {"slot": slot, "prefill_chunk": prefill_chunk},
         )
-        self._pending[req_id] = _Pending(generation=generation, message=message)
+        self._pending[req_id] = _Pending(
+            generation=generation, message=message, on_progress=on_progress
+        )
         self._send(message)
         return generation
 
     async def _call(
-        self, method: str, args: tuple = (), kwargs: dict | None = None, *, priority: int = 0
+        self,
+        method: str,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        *,
+        priority: int = 0,
+        on_progress: ProgressCallback | None = None,
     ) -> Any:
         future = self._loop.create_future()
         req_id = next(self._ids)
         message = ("call", req_id, int(priority), method, args, kwargs or {})
-        self._pending[req_id] = _Pending(future=future, message=message)
+        self._pending[req_id] = _Pending(future=future, message=message, on_progress=on_progress)
         self._send(message)
         try:
             return await future
@@ -468,10 +480,10 @@ class EngineClient:
         if pending is None:
             return
         if kind == "event" and isinstance(message[2], PrefillProgress):
-            generation = pending.generation
-            generation.progress = message[2]
-            if generation.on_progress is not None:
-                generation.on_progress(message[2])
+            if pending.generation is not None:
+                pending.generation.progress = message[2]
+            if pending.on_progress is not None:
+                pending.on_progress(message[2])
             return
         if kind == "event":
             self._first_decode = False

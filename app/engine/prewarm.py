@@ -4,8 +4,10 @@ Everything here runs below a user's send: opening a conversation restores or pre
 history, attaching a file prefills it at once and typing prefills the stable part of the
 draft after it (debounced), and after a reply or when switching away the conversation is
 snapshotted. Each prefill's token count is handed to `on_count` as soon as it is known (the
-window's context meter), so nothing tokenizes the draft a second time. Every request can be
-cancelled, and the engine host preempts a running prefill when a send arrives.
+window's context meter), so nothing tokenizes the draft a second time; while a draft with
+files is prefilled, `on_files` hears how far each file is read, chunk by chunk (the chips'
+"reading" and "ready"). Every request can be cancelled, and the engine host preempts a
+running prefill when a send arrives.
 """
 
 from __future__ import annotations
@@ -15,10 +17,19 @@ import itertools
 import logging
 import re
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from app.engine.host import EngineClient, Priority
-from app.engine.protocol import EngineError, GenerationStats
+from app.engine.kvstore import common_prefix
+from app.engine.protocol import (
+    USER_CHUNK,
+    EngineError,
+    FinishReason,
+    GenerationStats,
+    PrefillProgress,
+    ProgressCallback,
+)
 
 log = logging.getLogger("stoke.prewarm")
 
@@ -34,12 +45,36 @@ def stable_prefix(draft: str) -> str:
     return match.group(1) if match else ""
 
 
+FilesListener = Callable[[str, Sequence[Mapping], list[PrefillProgress]], None]
+
+
+@dataclass
+class _FilesRead:
+    """A draft's files in its prompt: the prompt through them, each one's (start, end), and
+    how many of those tokens the last prefill had read."""
+
+    prefix: list[int]
+    spans: list[tuple[int, int]]
+    done: int = 0
+
+    def starts(self, tokens: list[int]) -> bool:
+        """Whether `tokens` hold these files where they were (typing comes after them)."""
+        return tokens[: len(self.prefix)] == self.prefix
+
+    def files(self) -> list[PrefillProgress]:
+        """How far each file is read, in its own tokens."""
+        return [
+            PrefillProgress(min(max(self.done - start, 0), end - start), end - start)
+            for start, end in self.spans
+        ]
+
+
 class Prewarmer:
     """Schedules background prefills and snapshots for the conversations of one session.
 
     `session` is anything with `engine: EngineClient`, `images_ready(id, attachments)` (the
-    images registered with the projector), `history_tokens(id)` and `draft_tokens(id, text,
-    attachments)` (the ChatSession).
+    images registered with the projector), `history_tokens(id)`, `draft_tokens(id, text,
+    attachments)` and, for `on_files`, `draft_spans(id, attachments)` (the ChatSession).
     """
 
     def __init__(
@@ -54,6 +89,9 @@ class Prewarmer:
         self.last: dict[str, GenerationStats] = {}  # conversation -> last prefill's stats
         # (conversation, tokens of its history, attachments and draft as last tokenized)
         self.on_count: Callable[[str, int], None] | None = None
+        # (conversation, its draft's files, how far each is read: done of its tokens)
+        self.on_files: FilesListener | None = None
+        self._files_read: dict[str, _FilesRead] = {}  # conversation -> its draft's files
 
     @property
     def engine(self) -> EngineClient:
@@ -157,9 +195,41 @@ class Prewarmer:
         await self.session.images_ready(conversation_id, attachments)  # read on attach
         tokens = self.session.draft_tokens(conversation_id, stable, attachments)
         self._count(conversation_id, tokens)
-        self.last[conversation_id] = await self.engine.prefill(
-            tokens, slot=conversation_id, priority=Priority.TYPING
+        heard = self._files_heard(conversation_id, tokens, attachments)
+        stats = await self.engine.prefill(
+            tokens,
+            slot=conversation_id,
+            priority=Priority.TYPING,
+            on_progress=heard,
+            prefill_chunk=USER_CHUNK if heard else 0,  # progress the chips can show
         )
+        if heard is not None and stats.finish_reason == FinishReason.PREFILLED:
+            heard(PrefillProgress(len(tokens), len(tokens)))  # all read (or reused: no chunk)
+        self.last[conversation_id] = stats
+
+    def _files_heard(
+        self, conversation_id: str, tokens: list[int], attachments: tuple[Mapping, ...]
+    ) -> ProgressCallback | None:
+        """The draft prefill's progress as each file's: (done, of) of the file's own span,
+        for `on_files`, told at once what earlier prefills read of them (a file read stays
+        "ready" while the question is typed; a new one says "reading" before the engine's
+        first chunk); None when no one listens or there are no files."""
+        listener = self.on_files
+        if listener is None or not attachments:
+            return None
+        read = self._files_read.get(conversation_id)
+        if read is None or len(read.spans) != len(attachments) or not read.starts(tokens):
+            spans = self.session.draft_spans(conversation_id, attachments)  # files changed
+            prefix = tokens[: spans[-1][1]]
+            held = common_prefix(read.prefix[: read.done], prefix) if read is not None else 0
+            read = self._files_read[conversation_id] = _FilesRead(prefix, spans, held)
+
+        def heard(progress: PrefillProgress) -> None:
+            read.done = min(progress.done, len(read.prefix))
+            listener(conversation_id, attachments, read.files())
+
+        heard(PrefillProgress(read.done, len(tokens)))
+        return heard
 
     def _count(self, conversation_id: str, tokens: list[int]) -> None:
         if self.on_count is not None:

@@ -328,9 +328,17 @@ class Engine(Protocol):
         ...
 
     def prefill(
-        self, tokens: Sequence[int], *, slot: str = "default", cancel: CancelToken | None = None
+        self,
+        tokens: Sequence[int],
+        *,
+        slot: str = "default",
+        cancel: CancelToken | None = None,
+        progress: ProgressCallback | None = None,
+        prefill_chunk: int = 0,
     ) -> GenerationStats:
-        """Bring the slot's KV to exactly `tokens` without sampling (the max_tokens 0 prewarm)."""
+        """Bring the slot's KV to exactly `tokens` without sampling (the max_tokens 0 prewarm);
+        `progress` and `prefill_chunk` as for `generate` (a draft's files show how far they
+        are read)."""
         ...
 
     def generate(

@@ -282,7 +282,13 @@ class RemoteEngine:
     # -- requests -------------------------------------------------------------------------
 
     def prefill(
-        self, tokens: Sequence[int], *, slot: str = "default", cancel: CancelToken | None = None
+        self,
+        tokens: Sequence[int],
+        *,
+        slot: str = "default",
+        cancel: CancelToken | None = None,
+        progress: ProgressCallback | None = None,  # the server reads the prompt: no progress
+        prefill_chunk: int = 0,  # nor chunks of it
     ) -> GenerationStats:
         """Prewarm the server's cache: `n_predict: 0` to llama-server, one token (dropped) in
         the tokens mode. Text and chat servers treat 0 as "no limit", so there it does

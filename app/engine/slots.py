@@ -327,13 +327,19 @@ class SlotEngine(Generic[S]):
         return keep, keep if restored else 0, len(slot.tokens) - keep
 
     def prefill(
-        self, tokens: Sequence[int], *, slot: str = "default", cancel: CancelToken | None = None
+        self,
+        tokens: Sequence[int],
+        *,
+        slot: str = "default",
+        cancel: CancelToken | None = None,
+        progress: ProgressCallback | None = None,
+        prefill_chunk: int = 0,
     ) -> GenerationStats:
         self._require_model()
         self._check_fits(len(tokens))
         start = time.perf_counter()
         held = self._slot(slot)
-        reused, restored, prefilled = self._sync(held, tokens, cancel)
+        reused, restored, prefilled = self._sync(held, tokens, cancel, progress, prefill_chunk)
         elapsed = time.perf_counter() - start
         done = len(held.tokens) == len(tokens)
         return GenerationStats.timed(

@@ -199,7 +199,8 @@ class _Child:
                         self.send("event", req_id, event)
             elif method == "prefill":
                 self.send("state", EngineState.PREFILLING)
-                result = self.engine.prefill(*args, cancel=cancel, **kwargs)
+                progress = functools.partial(self.send, "event", req_id)  # as a reply's
+                result = self.engine.prefill(*args, cancel=cancel, progress=progress, **kwargs)
             elif method == "embed" and not hasattr(self.engine, "embed"):
                 raise EngineError(
                     "This model's engine does not make embeddings: a GGUF model on llama.cpp "

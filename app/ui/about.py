@@ -1,15 +1,17 @@
 """Help > About: what this Stoke is (versions), where it keeps its files, and a button that
 copies `stoke doctor`'s report for a bug report.
 
-The report loads the model in subprocesses and takes seconds, so it is collected on the
-thread pool (app.ui.background) and lands in the clipboard when it is done; the dialog
-stays usable meanwhile.
+The report asks llama.cpp for its devices in a subprocess, so it is collected on the thread
+pool (app.ui.background) and lands in the clipboard when it is done; the dialog stays usable
+meanwhile. It loads no model: the window says which engine holds its own
+(`doctor.Running`), where `stoke doctor` in a terminal loads it with each engine.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import platform
+from collections.abc import Callable
 
 import PySide6
 from PySide6.QtCore import Qt, QThreadPool, qVersion
@@ -25,6 +27,8 @@ from PySide6.QtWidgets import (
 )
 
 from app import doctor, paths
+from app.engine.choice import LOCAL_ENGINES
+from app.engine.host import EngineClient, EngineState
 from app.ui.background import Background
 
 FAILED = "The diagnostics could not be collected; `stoke doctor` in a terminal shows them."
@@ -54,11 +58,29 @@ def folders() -> list[tuple[str, str]]:
     ]
 
 
+LOADED = (EngineState.READY, EngineState.PREFILLING, EngineState.GENERATING)
+
+
+def running_of(engine: EngineClient) -> doctor.Running | None:
+    """The window's engine and model for the report, while a local engine holds it."""
+    info = engine.info
+    if info is None or engine.state not in LOADED or info.backend not in LOCAL_ENGINES:
+        return None
+    return doctor.Running(info.backend, info.path)
+
+
 class AboutDialog(QDialog):
     """Versions, folders, and Copy diagnostics."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        parent: QWidget | None = None,
+        running: Callable[[], doctor.Running | None] = lambda: None,
+    ) -> None:
+        """`running`: the window's engine and model when the report is asked for (None:
+        nothing loaded, and the report loads the model itself)."""
         super().__init__(parent)
+        self.running = running
         self.setWindowTitle("About Stoke")
         self.setObjectName("about-dialog")
         form = QFormLayout()
@@ -88,10 +110,11 @@ class AboutDialog(QDialog):
     def copy_diagnostics(self) -> None:
         """Collect the doctor's report off the UI thread; copy it when it is ready."""
         self.copy_button.setEnabled(False)
-        self.status.setText("Collecting the diagnostics (a few seconds)…")
+        self.status.setText("Collecting the diagnostics…")
+        running = self.running()
         self._background.run(
             QThreadPool.globalInstance(),
-            lambda: doctor.render(doctor.collect()),
+            lambda: doctor.render(doctor.collect(running=running)),
             self._copied,
             self._failed,
         )

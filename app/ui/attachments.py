@@ -10,6 +10,10 @@ An image's chip shows its thumbnail (a PNG Pillow made from the kept bytes when 
 attached, so WebP shows where Qt has no WebP plugin); clicking it opens the picture large
 (image_view.py). Its token count comes from the model's projector once the draft is
 prefilled (draft_files.py).
+
+While the draft is prefilled, each chip of the bar says how far the model has read its file
+("reading 1,024 / 2,815 tokens", then "ready"): a long file takes a while on a loaded
+machine, and a question sent before is answered only once it is read.
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ from app.conversations.attachments import (
     read_attachment,
 )
 from app.conversations.images import ImageFileError, image_bytes, thumbnail_of
+from app.engine.protocol import PrefillProgress
 from app.ui.background import Background
 from app.ui.context_meter import ContextMeter
+from app.ui.elided import ElidedLabel
 from app.ui.image_view import ImageView
 
 CHIP_NAME_PX = 180  # a long file name is elided to this width
@@ -71,9 +77,21 @@ def describe_refusal(exc: Exception) -> str:
     return "Stoke could not read that file."
 
 
-def chip_text(record: Mapping[str, Any]) -> str:
+def chip_text(record: Mapping[str, Any], read: PrefillProgress | None = None) -> str:
+    """The chip's words: the file's name and token count and, in a draft being prefilled,
+    how far the model has read it: in the file's own count where known (its span in the
+    prompt adds the few tokens of its tags)."""
     tokens = record.get("tokens")
-    return f"{record['name']} · {tokens:,} tokens" if tokens is not None else record["name"]
+    if read is not None and read.done < read.total:
+        of = tokens if tokens is not None else read.total
+        return f"{record['name']} · reading {read.done * of // read.total:,} / {of:,} tokens"
+    counted = f"{record['name']} · {tokens:,} tokens" if tokens is not None else record["name"]
+    return f"{counted} · ready" if read is not None else counted
+
+
+def file_key(record: Mapping[str, Any]) -> tuple[str, str, int]:
+    """A draft file as its prefill's progress names it: the same file after a rebuild."""
+    return record["name"], record["kind"], record["size"]
 
 
 class AttachmentChip(QFrame):
@@ -112,11 +130,11 @@ class AttachmentChip(QFrame):
             self.picture.setToolTip("View the picture large")
             self.picture.clicked.connect(self.view)
             row.addWidget(self.picture)
-        self.label = QLabel(self)
+        self.label = ElidedLabel(parent=self)  # "reading …" is long: it never widens the window
         self.label.setObjectName("attachment-name")
         metrics = self.label.fontMetrics()
-        name = metrics.elidedText(record["name"], Qt.TextElideMode.ElideMiddle, CHIP_NAME_PX)
-        self.label.setText(chip_text({**record, "name": name}))
+        self._name = metrics.elidedText(record["name"], Qt.TextElideMode.ElideMiddle, CHIP_NAME_PX)
+        self.show_read(None)
         row.addWidget(self.label)
         self.remove_button: QToolButton | None = None
         if removable:
@@ -127,6 +145,10 @@ class AttachmentChip(QFrame):
             self.remove_button.clicked.connect(self.removed)
             row.addWidget(self.remove_button)
         self.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
+
+    def show_read(self, read: PrefillProgress | None) -> None:
+        """Say how far the model has read the file (None: nothing said, as on a bubble)."""
+        self.label.setText(chip_text({**self.record, "name": self._name}, read))
 
     def view(self) -> ImageView | None:
         """Open the picture large; None (and nothing opens) when its file is gone."""
@@ -169,6 +191,7 @@ class AttachmentBar(QWidget):
         self._chips: list[AttachmentChip] = []
         self._background = Background(self, describe_refusal)
         self._reading: list[str] = []  # the names of the files being read now
+        self._read_so_far: dict[tuple[str, str, int], PrefillProgress] = {}  # how far prefilled
         self.tokenizer: Callable[[], Any] | None = None  # the loaded model's tokenizer, if any
         self.attach_button = QToolButton(self)
         self.attach_button.setObjectName("attach-button")
@@ -202,6 +225,7 @@ class AttachmentBar(QWidget):
         """Show another draft's files (a conversation switch, or none after a send), without
         signalling a change."""
         self._records = [dict(r) for r in records]
+        self._read_so_far = {}
         self._rebuild()
 
     def choose_files(self) -> None:
@@ -251,6 +275,15 @@ class AttachmentBar(QWidget):
         if changed:
             self._rebuild()
 
+    def show_read(
+        self, files: Sequence[Mapping[str, Any]], read: Sequence[PrefillProgress]
+    ) -> None:
+        """How far the draft's prefill has read each of `files` (the draft's files when it
+        started; one removed since is passed over)."""
+        self._read_so_far.update((file_key(f), r) for f, r in zip(files, read, strict=True))
+        for chip in self._chips:
+            chip.show_read(self._read_so_far.get(file_key(chip.record)))
+
     def _read_off_thread(self, name: str, work: Callable[[], Attachment]) -> None:
         self._background.run(
             QThreadPool.globalInstance(),
@@ -290,6 +323,7 @@ class AttachmentBar(QWidget):
         self._chips = []
         for index, record in enumerate(self._records):
             chip = AttachmentChip(record, removable=True, parent=self)
+            chip.show_read(self._read_so_far.get(file_key(record)))
             chip.removed.connect(lambda i=index: self.remove(i))
             self._row.insertWidget(1 + index, chip)
             self._chips.append(chip)

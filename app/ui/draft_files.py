@@ -4,7 +4,8 @@ Owns the bar above the composer (app/ui/attachments.py) for the main window: a f
 on the window or chosen with the paperclip, or a picture pasted into the composer, is read
 off the UI thread and prefilled at once (Prewarmer.attached), so its tokens are in the KV
 before the question is typed (an image is read by the model's projector then, and its chip
-shows what it costs); each conversation keeps its own draft files; the context meter shows
+shows what it costs), and each chip says how far it is read, from the prefill's chunks
+(Prewarmer.on_files); each conversation keeps its own draft files; the context meter shows
 the prewarm's count. An image attached for a model that reads text only is kept, and the
 banner says where a projector comes from. A `.gguf` dropped on the window goes to the
 library through the Models page's import. The window hands itself as a `DraftWindow`.
@@ -13,6 +14,7 @@ library through the Models page's import. The window hands itself as a `DraftWin
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,6 +27,7 @@ from app.ui.attachments import AttachmentBar
 
 if TYPE_CHECKING:
     from app.engine.prewarm import Prewarmer
+    from app.engine.protocol import PrefillProgress
     from app.session import ChatSession
     from app.ui.banner import Banner
     from app.ui.composer import Composer
@@ -78,6 +81,7 @@ class DraftFiles(QObject):
         self.bar.failed.connect(lambda words: window.banner.show_message(words))
         self.bar.reading.connect(window.composer.hold_send)  # sent now, it would go without
         window.prewarm.on_count = self._counted
+        window.prewarm.on_files = self._files_read
         window.composer.editor.image_pasted.connect(self.paste)
         window.setAcceptDrops(True)
         for target in (window, window.composer.editor.viewport()):
@@ -160,6 +164,12 @@ class DraftFiles(QObject):
         if conversation_id == self.window.conversation_id:
             info = self.window.session.engine.info
             self.bar.meter.set_counts(tokens, info.n_ctx if info is not None else 0)
+
+    def _files_read(
+        self, conversation_id: str, files: Sequence[Mapping[str, Any]], read: list[PrefillProgress]
+    ) -> None:
+        if conversation_id == self.window.conversation_id:
+            self.bar.show_read(files, read)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         kind = event.type()

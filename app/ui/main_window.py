@@ -49,7 +49,7 @@ from app.session import ChatSession, MessageTooLongError, TurnResult
 from app.settings import Settings
 from app.tool_loop import ToolTurn
 from app.ui import banner_words, conversation_files, overflow, theme
-from app.ui.about import AboutDialog
+from app.ui.about import AboutDialog, running_of
 from app.ui.api_conversations import ApiConversations
 from app.ui.api_server_dialog import ApiServerDialog
 from app.ui.banner import Banner
@@ -689,7 +689,7 @@ class MainWindow(QMainWindow):
 
     def open_about(self) -> AboutDialog:
         """Help > About: versions, folders, and the diagnostics to copy."""
-        dialog = AboutDialog(self)
+        dialog = AboutDialog(self, lambda: running_of(self.session.engine))
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.open()
         return dialog

@@ -8,6 +8,7 @@ records, never the reply's words; SmolLM2's prefills of the file took most of a 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from PIL import Image
@@ -15,7 +16,7 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication, QFileDialog, QLabel, QWidget
 
-from app.engine.protocol import FinishReason
+from app.engine.protocol import USER_CHUNK, FinishReason
 from app.models.library import Library
 from app.ui.main_window import MainWindow
 from tests.gui.harness import Harness
@@ -79,7 +80,7 @@ def test_a_dropped_file_is_prefilled_before_the_question_and_only_the_question_a
     records = attached(harness, window, 1)
     assert records[0]["name"] == "keeper-notes.md" and records[0]["tokens"] > 500
     assert chip_texts(window.draft_files.bar) == [
-        f"keeper-notes.md · {records[0]['tokens']:,} tokens"
+        f"keeper-notes.md · {records[0]['tokens']:,} tokens · ready"
     ]
 
     # Before any question is typed, the engine holds the file's tokens in the conversation.
@@ -112,6 +113,39 @@ def test_a_dropped_file_is_prefilled_before_the_question_and_only_the_question_a
     imported = window.store.current_path(window.conversation_id)[0]
     assert window.conversation_id != cid and imported.attachments == records
     assert bubble_chips(window, imported.id) == [chip]
+
+
+def test_a_files_chip_says_how_far_it_is_read_then_ready(
+    harness: Harness, tmp_path: Path, tiny_model: str
+) -> None:
+    """Issue 36 item 5: the draft's prefill reports its chunks through the engine host, and
+    the chip shows them as its file's own progress, then "ready" (it showed nothing)."""
+    window = harness.start(tiny_model)
+    bar = window.draft_files.bar
+    seen: list[list[str]] = []
+    told = window.prewarm.on_files
+    narrowest = window.minimumSizeHint().width()
+    widths: list[int] = []
+
+    def watch(conversation_id: str, files: list[dict], read: list) -> None:
+        told(conversation_id, files, read)
+        seen.append(chip_texts(bar))
+        widths.append(window.minimumSizeHint().width())
+
+    window.prewarm.on_files = watch
+    assert drop(window, [document(tmp_path, lines=80)])
+    [record] = attached(harness, window, 1)
+    tokens = record["tokens"]
+    assert tokens > 5 * USER_CHUNK  # read in several chunks
+    reading = [
+        re.fullmatch(r"keeper-notes\.md · reading ([\d,]+) / ([\d,]+) tokens", t) for [t] in seen
+    ]
+    done = [int(m[1].replace(",", "")) for m in reading if m]
+    assert len(done) >= 3 and done == sorted(set(done)) and done[-1] < tokens
+    assert {m[2] for m in reading if m} == {f"{tokens:,}"}
+    ready = f"keeper-notes.md · {tokens:,} tokens · ready"
+    assert seen[-1] == [ready] and chip_texts(bar) == [ready]
+    assert max(widths) <= narrowest  # the longer words never widen the window
 
 
 def test_the_paperclip_reads_a_pdf_removes_files_and_refuses_in_words(

@@ -5,6 +5,7 @@ and fit, and Download brings one into the library through the page's own downloa
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ from app.ui.models import ModelsDialog
 from app.ui.models.search_tab import READING
 from tests.e2e.test_downloads import hub, keychain, manager  # noqa: F401 (fixtures)
 from tests.fakehub import FakeHub
+from tests.gui.harness import Harness
 from tests.gui.test_models_page import open_dialog, workstation  # noqa: F401 (fixtures)
 
 MiB = 1 << 20
@@ -173,3 +175,32 @@ def test_a_search_the_hub_keeps_waiting_on_can_be_cancelled(
     QCoreApplication.processEvents()
     assert page.status.text() == "Search for “tiny” cancelled."
     assert page.search_button.text() == "Search"
+
+
+def test_the_windows_hub_search_offline_fails_at_once_in_words_and_cancels(
+    harness: Harness, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 4 in the real window's File > Models: a hub that refuses the connection is said in
+    words at its first try; one that takes it and never answers is cancelled at once."""
+    with socket.socket() as closed, socket.socket() as silent:
+        closed.bind(("127.0.0.1", 0))
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        window = harness.start(tiny_model)
+        page = window.open_models().search_tab
+        page.query.setText("tiny")
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed.getsockname()[1]}")
+        page.search_button.click()  # its answer comes through the loop, after this look
+        assert page.search_button.text() == "Cancel" and page.search_button.isEnabled()
+        harness.wait_until(lambda: page.search_button.text() == "Search", timeout=WAIT_MS / 1000)
+        assert page.status.text().startswith("Cannot search the hub at http://127.0.0.1:")
+
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        page.search_button.click()
+        assert page.search_button.text() == "Cancel"
+        page.search_button.click()
+        assert page.search_button.text() == "Search"
+        assert page.status.text() == "Search for “tiny” cancelled."
+    QThreadPool.globalInstance().waitForDone()  # the hub went away: its failure changes nothing
+    harness.run(asyncio.sleep(0))
+    assert page.status.text() == "Search for “tiny” cancelled."

@@ -58,7 +58,7 @@ def test_pasted_and_dropped_pictures_are_chips_read_before_enter_and_shown_in_th
     assert [r["name"] for r in records] == ["Pasted image.png", "pond.webp"]
     assert [r["kind"] for r in records] == ["image", "image"]
     chips = [f"Pasted image.png · {IMAGE_TOKENS} tokens", f"pond.webp · {IMAGE_TOKENS} tokens"]
-    assert chip_texts(window.draft_files.bar) == chips
+    assert chip_texts(window.draft_files.bar) == [f"{chip} · ready" for chip in chips]
     assert len(thumbnails(window.draft_files.bar)) == 2
     expected = window.session.draft_tokens(cid, "", records)
     assert harness.run(window.session.engine.resident_tokens(cid)) == expected

@@ -1,16 +1,16 @@
 """Issue 36 item 8's small ones, in the real window: View > Theme marks the theme in use; Esc
 clears the sidebar's search and a new chat is not hidden by it; focus returns to the composer
-after Continue."""
+after Continue; a code block's Copy says "Copied"; a reply that kept no drafts says so plainly."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtTest import QTest
-from PySide6.QtWidgets import QApplication, QWidget
+from PySide6.QtWidgets import QApplication, QTextBrowser, QWidget
 
 from app.conversations.export import export_json
 from app.ui.sidebar import _ID
@@ -96,3 +96,32 @@ def test_focus_returns_to_the_composer_after_continue(harness: Harness) -> None:
     harness.act(QApplication.processEvents)
     assert len(window.store.current_path(conversation)[-1].content) > len("Blue, like")
     assert window.composer.editor.hasFocus(), QApplication.focusWidget()
+
+
+def test_a_code_blocks_copy_says_copied_in_the_window_and_no_drafts_kept_reads_plainly(
+    harness: Harness, tiny_model: str
+) -> None:
+    """Two of item 8's, on a conversation the real window opens: a code block's Copy says
+    "Copied" where it was clicked (it gave no feedback), and a reply whose drafts were all
+    rejected says "no drafts kept" in the status line (not "drafts 0% accepted")."""
+    window = harness.start(tiny_model)
+    store = window.store
+    conversation = store.create_conversation("Sorting")
+    question = store.add_message(conversation.id, None, "user", "How do I sort a list?")
+    code = "print(sorted([3, 1, 2]))"
+    stats = {"ttft_s": 0.1, "prefill_tok_s": 100.0, "decode_tok_s": 20.0, "reused_tokens": 0}
+    stats |= {"prompt_tokens": 30, "drafted_tokens": 12, "accepted_tokens": 0}
+    reply = f"Use `sorted()`:\n\n```python\n{code}\n```\n"
+    store.add_message(conversation.id, question.id, "assistant", reply, stats=stats)
+    harness.act(lambda: window.open_conversation(conversation.id))
+    assert "no drafts kept" in window.status.text() and "0%" not in window.status.text()
+
+    [text] = [
+        w.findChild(QTextBrowser, "messageText")
+        for w in window.chat.findChildren(QWidget, "message")
+        if not w.is_user
+    ]
+    assert "Copied" not in text.toPlainText()
+    harness.act(lambda: text.anchorClicked.emit(QUrl("copy:0")))
+    assert QGuiApplication.clipboard().text() == code
+    assert "Copied" in text.toPlainText()

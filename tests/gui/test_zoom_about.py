@@ -4,6 +4,8 @@ while the window is in the background."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtTest import QTest
@@ -77,6 +79,8 @@ def test_about_shows_versions_and_folders_and_copies_the_doctor_report(harness: 
     harness.wait_until(lambda: QGuiApplication.clipboard().text() != "", timeout=300)
     report = QGuiApplication.clipboard().text()
     assert "llama" in report.lower() and str(paths.data_dir()) in report
+    model = Path(window.session.engine.info.path).name
+    assert f"ok, the window has {model} loaded on it" in report  # no load again: it knows
     assert button.isEnabled() and "Copied" in dialog.findChild(QLabel, "about-status").text()
 
 

@@ -53,22 +53,27 @@ def test_gpu_offload_means_a_gpu_device() -> None:
     assert ggml.gpu_offload_supported() == has_gpu
 
 
+SECTIONS = {
+    "stoke",
+    "python",
+    "platform",
+    "bundle",
+    "packages",
+    "paths",
+    "llama_cpp",
+    "default_model",
+    "engine_choice",
+    "engines",
+    "rpc",
+    "keyring",
+    "safe_mode",
+}
+TITLES = ("Packages", "Paths", "llama.cpp", "Default model", "Engine choice", "Engines")
+TITLES += ("RPC devices", "Keyring", "Safe mode")
+
+
 def test_collect_reports_every_section(report: dict[str, Any], home: Path) -> None:
-    assert set(report) == {
-        "stoke",
-        "python",
-        "platform",
-        "bundle",
-        "packages",
-        "paths",
-        "llama_cpp",
-        "default_model",
-        "engine_choice",
-        "engines",
-        "rpc",
-        "keyring",
-        "safe_mode",
-    }
+    assert set(report) == SECTIONS
     assert report["safe_mode"] == {"records": []}  # nothing crashed in this home
     assert report["rpc"] == {"servers": []}  # none in Settings, none planned
     assert isinstance(report["llama_cpp"]["rpc"], bool)
@@ -96,6 +101,30 @@ def test_collect_reports_every_section(report: dict[str, Any], home: Path) -> No
     assert keyring["backend"]
     if not keyring["usable"]:
         assert keyring["note"] == doctor.NO_KEYRING
+
+
+def test_the_windows_report_loads_no_model_and_keeps_every_section(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 36 item 8: Copy diagnostics hands in the engine its model is loaded on, so the
+    report starts no load (a subprocess each, most of its ~10 s); it asks llama.cpp for its
+    devices alone, within the window's bound, and every section is still there."""
+    asked: list[tuple[str, float]] = []
+    probe = doctor._run_probe
+
+    def watched(code: str, args: list[str], timeout: float) -> dict[str, Any]:
+        asked.append((code, timeout))
+        return probe(code, args, timeout)
+
+    monkeypatch.setattr(doctor, "_run_probe", watched)
+    model = default_model_path()
+    report = doctor.collect(running=doctor.Running("llama.cpp", str(model)))
+    assert asked == [(doctor._LLAMACPP_PROBE, doctor.WINDOW_TIMEOUT_S)]
+    assert set(report) == SECTIONS and report["llama_cpp"]["ok"]
+    text = doctor.render(report)
+    assert all(f"\n{title}" in text for title in TITLES)
+    assert f"llama.cpp  ok, the window has {model.name} loaded on it" in text
+    assert "mlx        not installed" in text or "mlx        not checked: the window" in text
 
 
 def test_llamacpp_loads_the_default_model(report: dict[str, Any]) -> None:

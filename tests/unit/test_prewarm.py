@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import warnings
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import pytest
 
 from app.engine.host import EngineCrashedError, Priority
 from app.engine.prewarm import Prewarmer, stable_prefix
-from app.engine.protocol import EngineError, FinishReason, GenerationStats
+from app.engine.protocol import EngineError, FinishReason, GenerationStats, PrefillProgress
 
 TEST_TIMEOUT_S = 20.0  # a scheduling bug must fail a test, not hang it
 
@@ -60,9 +61,18 @@ class FakeEngine:
             raise self.errors["ready"]
 
     async def prefill(
-        self, tokens: Sequence[int], *, slot: str = "default", priority: Priority = Priority.USER
+        self,
+        tokens: Sequence[int],
+        *,
+        slot: str = "default",
+        priority: Priority = Priority.USER,
+        on_progress: Callable[[PrefillProgress], None] | None = None,
+        prefill_chunk: int = 0,
     ) -> GenerationStats:
         await self._work("prefill", ("prefill", list(tokens), slot, priority))
+        if on_progress is not None:  # in chunks of three, whatever was asked
+            for done in [*range(3, len(tokens), 3), len(tokens)]:
+                on_progress(PrefillProgress(done, len(tokens)))
         return GenerationStats(
             prompt_tokens=len(tokens),
             reused_tokens=0,
@@ -98,6 +108,7 @@ class FakeSession:
     def __init__(self, histories: dict[str, str] | None = None) -> None:
         self.engine = FakeEngine()
         self.histories = histories or {}
+        self.spans_asked = 0
 
     async def images_ready(self, conversation_id: str, attachments=()) -> None:
         """No images here: the real session registers them with the projector."""
@@ -107,6 +118,11 @@ class FakeSession:
 
     def draft_tokens(self, conversation_id: str, text: str, attachments=()) -> list[int]:
         return [*(b for a in attachments for b in a["text"].encode()), *text.encode()]
+
+    def draft_spans(self, conversation_id: str, attachments) -> list[tuple[int, int]]:
+        self.spans_asked += 1
+        ends = list(itertools.accumulate((len(a["text"]) for a in attachments), initial=0))
+        return list(itertools.pairwise(ends))
 
 
 def make(
@@ -269,6 +285,26 @@ def test_draft_after_a_cancel_is_debounced_again() -> None:
 
 
 # -- open, after_reply, switch_away --
+
+
+def test_a_drafts_prefill_tells_how_far_each_file_is_read() -> None:
+    """Issue 36 item 5: the chips' "reading" and "ready" come from the prefill's chunks, each
+    file's own share of them; typing after the files asks their places only once."""
+
+    async def main() -> tuple[list[list[tuple[int, int]]], int]:
+        prewarm, _engine = make()
+        heard: list[list[tuple[int, int]]] = []
+        prewarm.on_files = lambda _c, _files, read: heard.append([(r.done, r.total) for r in read])
+        files = ({"text": "abcd"}, {"text": "efghij"})
+        await prewarm.attached("c", "", files)
+        await prewarm.attached("c", "and then ", files)
+        return heard, prewarm.session.spans_asked
+
+    heard, asked = run(main())
+    chunks = [[(3, 4), (0, 6)], [(4, 4), (2, 6)], [(4, 4), (5, 6)], [(4, 4), (6, 6)]]
+    assert heard[:6] == [[(0, 4), (0, 6)], *chunks, [(4, 4), (6, 6)]]  # before, after
+    assert heard[6] == [(4, 4), (6, 6)]  # typed after them, the files read stay read
+    assert heard[-1] == [(4, 4), (6, 6)] and asked == 1  # and kept their places
 
 
 def test_open_prefills_the_history_in_the_background() -> None:
