@@ -12,15 +12,9 @@
 #      (Stoke's MLX engine beside mlx-lm's generate_step on the same model object)
 #   6 []  `stoke bench engines --engines mlx` on the scaled DeepSeek V4 GGUF (written there)
 # Results build up in /root/results and each call copies them to $OUT.
-set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root" || exit 1
-OUT=${OUT:-$root/out}
-mkdir -p "$OUT" /root/results
-stash() { mkdir -p /root/stash && cp "$1"/* /root/stash/ && ls /root/stash | tr '\n' ' '; echo; }
+source "$(dirname "$0")/common.sh"
 # the stand-ins (mlx_lm_shim.sh) come last: a real transformers, if there, wins
 path=/tmp/stokesite:/tmp/mlxsite:/tmp/llm:$root:/tmp/shim
-export PYTHONUNBUFFERED=1 STOKE_HOME=/tmp/stoke-home
 engines() {  # MODEL NAME: Stoke's MLX engine beside mlx-lm's generate_step
   PYTHONPATH=$path timeout "$3" python3 -c "
 import argparse, sys
@@ -38,7 +32,7 @@ case "${1:-}" in
      exit ;;
   3) stash .device/gpu-2; exit ;;
   4) stash .device/gpu-3; exit ;;
-  5) source bench/device/default_model.sh && join_default_model || exit 2
+  5) join_default_model || exit 2
      bash bench/device/mlx_lm_shim.sh /tmp/shim
      PYTHONPATH=$path python3 -c "import mlx.core as mx; assert mx.cuda.is_available(); \
 import mlx_lm.generate; print('mlx', mx.__version__, mx.default_device())" || exit 4

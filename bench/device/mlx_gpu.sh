@@ -20,14 +20,8 @@
 # bench.log, e2e-mlx-gpu.xml/.log, mtp-decode.json, mtp.log.
 # MLX runs in processes that cannot import llama.cpp (its CUDA build is kept off their
 # PYTHONPATH): the two CUDA stacks crashed when one process held both.
-set -uo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root" || exit 1
-OUT=${OUT:-$root/out}
-mkdir -p "$OUT" /root/results
-stash() { mkdir -p /root/stash && cp "$1"/* /root/stash/ && ls /root/stash | tr '\n' ' '; echo; }
+source "$(dirname "$0")/common.sh"
 mlx_path=/tmp/stokesite:/tmp/mlxsite:/tmp/llm:$root
-export PYTHONUNBUFFERED=1 STOKE_HOME=/tmp/stoke-home
 case "${1:-}" in
   1) stash .device/mlx-a && stash .device/gpu-1 && mkdir -p /root/stash/llama \
        && cp .device/llama/* /root/stash/llama/ && bash /root/stash/llama/build.sh 15
@@ -39,7 +33,7 @@ case "${1:-}" in
   *) echo "usage: $0 1|2|3|4|5 (see the top of this file)"; exit 1 ;;
 esac
 if [ "$1" = 4 ]; then
-  source bench/device/default_model.sh && join_default_model || exit 2
+  join_default_model || exit 2
   PYTHONPATH=$mlx_path python3 -c "import mlx.core as mx; assert mx.cuda.is_available(); \
 print('mlx', mx.__version__, mx.default_device())" || { echo "no MLX CUDA: call 2 first"; exit 4; }
   # The build uses every core, and MLX's kernel compiles (NVRTC, on first use: 100-125 s for
