@@ -3,6 +3,9 @@
 - llama.cpp: Stoke's engine vs llama-cpp-python's own `Llama` (its `eval` and `sample`, as a
   program using the bindings directly would): the same GGUF, threads, batch, one sequence of
   the same context and KV type, flash attention alike.
+- llama-server: Stoke's llama.cpp engine vs llama.cpp's own server (`make llama-tools`) on
+  the same file and flags (bench/llama_server.py), its figures the server's own timings; the
+  row says why it did not run where the server is not built.
 - MLX: Stoke's engine vs mlx-lm's `generate_step` on the very model object Stoke loaded, with
   a fresh mlx-lm prompt cache per run.
 
@@ -25,6 +28,7 @@ import os
 import platform
 import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,8 +51,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, help="llama.cpp threads (default: all cores)")
     parser.add_argument(
         "--engines",
-        default="llama.cpp,mlx",
-        help="which engines to compare (mlx needs MLX installed)",
+        default="llama.cpp,llama-server,mlx",
+        help="which engines to compare: llama.cpp (beside llama-cpp-python), llama-server "
+        "(Stoke's llama.cpp engine beside llama.cpp's own server, `make llama-tools`), mlx "
+        "(needs MLX installed)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     parser.set_defaults(run=main)
@@ -102,6 +108,29 @@ def _llama(model: str, options: LoadOptions) -> tuple[Side, Any]:
         return len(prompt) / prefill_s, (n - 1) / (time.perf_counter() - began)
 
     return run, llm
+
+
+def _beside_llama_server(
+    stoke: Side, options: LoadOptions, prompt: list[int], args: argparse.Namespace
+) -> tuple[dict[str, Any] | None, str]:
+    """Stoke's llama.cpp engine beside llama.cpp's own llama-server on the same file and
+    flags (its in-server timings); None and why when llama-server is not built."""
+    from app.bench import llama_server
+    from app.engine.llamacpp.tools import find_tools
+
+    tools, reason = find_tools()
+    if tools is None:
+        return None, reason
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        llama_server.running(tools.llama_server, options, Path(tmp) / "server.log") as server,
+    ):
+
+        def run(ids: list[int], n: int) -> tuple[float, float]:
+            timings = server.complete(ids, n)
+            return timings["prompt_per_second"], timings["predicted_per_second"]
+
+        return {"beside": "llama.cpp llama-server", **_compare(stoke, run, prompt, args)}, ""
 
 
 def _mlx_lm(engine: Any) -> Side:
@@ -179,7 +208,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     )
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     rows: dict[str, Any] = {}
-    if "llama.cpp" in engines:
+    skipped: dict[str, str] = {}  # an engine asked for that cannot run here, and why
+    if {"llama.cpp", "llama-server"} & set(engines):
         from app.engine.llamacpp.openmp import spin_briefly
 
         spin_briefly()  # before llama.cpp loads, as the engine process does (a busy box stalls)
@@ -188,14 +218,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         engine = LlamaCppEngine()
         info = engine.load(options)
         prompt = _prompt(info.n_vocab, args.prompt)
-        runtime, llm = _llama(model, options)
+        stoke = _stoke(engine, info.eog_ids)
         try:
-            rows["llama.cpp"] = {
-                "beside": "llama-cpp-python Llama",
-                **_compare(_stoke(engine, info.eog_ids), runtime, prompt, args),
-            }
+            if "llama.cpp" in engines:
+                runtime, llm = _llama(model, options)
+                try:
+                    rows["llama.cpp"] = {
+                        "beside": "llama-cpp-python Llama",
+                        **_compare(stoke, runtime, prompt, args),
+                    }
+                finally:
+                    llm.close()
+            if "llama-server" in engines:
+                row, reason = _beside_llama_server(stoke, options, prompt, args)
+                if row is not None:
+                    rows["llama-server"] = row
+                else:
+                    skipped["llama-server"] = reason
         finally:
-            llm.close()
             engine.unload()
     if "mlx" in engines and importlib.util.find_spec("mlx") is not None:
         import mlx.core as mx
@@ -222,6 +262,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "decode_tokens": args.decode,
         "rounds": args.rounds,
         "rows": rows,
+        "skipped": skipped,
     }
 
 
@@ -243,6 +284,7 @@ def table(report: dict[str, Any]) -> str:
             f"| {s['prefill_tok_s']:.1f} / {r['prefill_tok_s']:.1f} | {x['prefill_tok_s']:.2f}x "
             f"| {s['decode_tok_s']:.1f} / {r['decode_tok_s']:.1f} | {x['decode_tok_s']:.2f}x |"
         )
+    lines += [f"{name}: not run: {why}" for name, why in report.get("skipped", {}).items()]
     return "\n".join(lines)
 
 

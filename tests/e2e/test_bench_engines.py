@@ -1,5 +1,6 @@
 """`stoke bench engines`, small, on the tests' tiny model: both sides of each engine run
-(Stoke's llama.cpp engine beside llama-cpp-python's Llama; Stoke's MLX engine beside
+(Stoke's llama.cpp engine beside llama-cpp-python's Llama and beside llama.cpp's own
+llama-server where `make llama-tools` built it, as `make test` does; Stoke's MLX engine beside
 mlx-lm's generate_step where MLX is installed, its device named), the table is printed and the
 JSON written.
 Speeds depend on the machine: only that each side ran and gave a rate is checked."""
@@ -12,6 +13,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from app.engine.llamacpp.tools import find_tools
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,6 +30,12 @@ def test_bench_engines_runs_each_engine_beside_its_runtime(tmp_path: Path, tiny_
     assert done.returncode == 0 and "Traceback" not in output, output
     report = json.loads(report_path.read_text("utf-8"))
     expected = {"llama.cpp"} | ({"mlx"} if importlib.util.find_spec("mlx") else set())
+    tools, reason = find_tools()
+    if tools is not None:
+        expected.add("llama-server")
+    else:
+        assert report["skipped"] == {"llama-server": reason}
+        assert f"llama-server: not run: {reason}" in done.stdout
     assert set(report["rows"]) == expected
     for name, row in report["rows"].items():
         lines = [line for line in done.stdout.splitlines() if line.startswith(f"| {name}")]

@@ -1,0 +1,113 @@
+"""llama.cpp's own `llama-server` (built by `make llama-tools` from the engine's llama.cpp),
+started on loopback with the flags that match an engine's `LoadOptions`, for the benchmarks
+that put Stoke's llama.cpp engine beside it (`stoke bench engines`).
+
+Its figures are llama.cpp's own: each /completion answers with `timings` measured inside the
+server (`prompt_per_second`, `predicted_per_second`), so neither HTTP nor Python is in them.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from app.engine.llamacpp import cpu_buffers
+from app.engine.protocol import LoadOptions
+
+
+def server_flags(options: LoadOptions) -> list[str]:
+    """llama-server's flags for what `options` set in Stoke's engine: context, batches,
+    threads, one sequence, flash attention, KV type, layers and tensors placed as planned,
+    and this machine's CPU buffer policy."""
+    flags = [
+        *("--ctx-size", str(options.n_ctx), "--parallel", "1"),
+        *("--batch-size", str(options.n_batch), "--ubatch-size", str(options.n_ubatch)),
+        *("-fa", "on" if options.flash_attn else "off"),
+        *("-ctk", options.kv_type, "-ctv", options.kv_type),
+        *("-ngl", str(options.n_gpu_layers)),
+        *cpu_buffers.server_flags(options.cpu_buffers),
+    ]
+    if options.n_threads:
+        flags += ["--threads", str(options.n_threads), "--threads-batch", str(options.n_threads)]
+    if options.tensor_split:
+        flags += ["-ts", ",".join(str(share) for share in options.tensor_split)]
+    if options.overrides:
+        flags += ["-ot", ",".join(f"{pattern}={buffer}" for pattern, buffer in options.overrides)]
+    if not options.kv_offload:
+        flags.append("-nkvo")
+    return flags
+
+
+class LlamaServer:
+    """One running llama-server: `complete` sends token ids and returns its own timings."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def complete(self, prompt: list[int], n_predict: int) -> dict[str, float]:
+        """A fresh prompt (no cached prefix) and `n_predict` greedy tokens, the end token
+        ignored; the server's `timings`."""
+        body = {
+            "prompt": prompt,
+            "n_predict": n_predict,
+            "cache_prompt": False,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "top_k": 1,
+        }
+        request = urllib.request.Request(
+            self.url + "/completion",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=3600) as response:
+            return json.loads(response.read())["timings"]
+
+
+@contextmanager
+def running(binary: Path, options: LoadOptions, log: Path) -> Iterator[LlamaServer]:
+    """llama-server on a free loopback port with `options`' flags, until the block ends."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        *(str(binary), "--model", options.model_path, "--host", "127.0.0.1"),
+        *("--port", str(port), "--no-webui", *server_flags(options)),
+    ]
+    with log.open("ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, process, log)
+        yield LlamaServer(url)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
+    """Until /health says ok (503 while the model loads); a server that exits is an error
+    with the end of its log."""
+    deadline = time.monotonic() + 1800  # a full-size model reads for minutes
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"llama-server exited: {log.read_text(errors='replace')[-2000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=10) as response:
+                if json.loads(response.read()).get("status") == "ok":
+                    return
+        except (OSError, urllib.error.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("llama-server did not become ready in 30 minutes")
