@@ -16,7 +16,10 @@ never stop on one). Prefill tok/s is the prompt over the
 time to its last logits; decode tok/s the tokens after the first over the time after it.
 Rounds interleave the sides (a busy machine slows both alike); the table shows medians and
 Stoke / runtime ratios of the same run. What is measured is overhead: the same kernels run
-underneath.
+underneath. `--prompt` takes several lengths (a row each: prefill of that many tokens and
+decode at that depth). `--one-at-a-time` loads one side, runs all its rounds, unloads it and
+then does the same for the other: a model that fits a machine once (DeepSeek V4 Flash at full
+size on one GPU) cannot be held twice, at the cost of the interleaving.
 """
 
 from __future__ import annotations
@@ -30,22 +33,28 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 from app.bench.output import emit
 from app.engine.protocol import GenerationStats, LoadOptions, SamplingParams
 
-Side = Callable[[list[int], int], tuple[float, float]]  # (prompt, n) -> prefill, decode tok/s
+Side = Callable[[int, int], tuple[float, float]]  # (prompt tokens, n) -> prefill, decode tok/s
+Opener = Callable[[], AbstractContextManager[Side]]  # loads a side for a while
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "engines", help="Stoke's engines beside llama-cpp-python's Llama and mlx-lm"
+        "engines", help="Stoke's engines beside llama-cpp-python, llama-server and mlx-lm"
     )
     parser.add_argument("--model", help="a GGUF (default: the default model)")
-    parser.add_argument("--prompt", type=int, default=512, help="prompt tokens per run")
+    parser.add_argument(
+        "--prompt",
+        default="512",
+        help="prompt tokens per run; several, comma-separated, give a row each (4096,32768)",
+    )
     parser.add_argument("--decode", type=int, default=64, help="decoded tokens per run")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each side (median)")
     parser.add_argument("--threads", type=int, help="llama.cpp threads (default: all cores)")
@@ -56,6 +65,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(Stoke's llama.cpp engine beside llama.cpp's own server, `make llama-tools`), mlx "
         "(needs MLX installed)",
     )
+    parser.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="hold one side at a time (a model too large to load twice), not interleaved",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     parser.set_defaults(run=main)
 
@@ -65,13 +79,16 @@ def _prompt(n_vocab: int, n: int) -> list[int]:
     return [(11 + 97 * i) % (n_vocab - 1) + 1 for i in range(n)]
 
 
-def _stoke(engine: Any, banned: tuple[int, ...]) -> Side:
+def _stoke(engine: Any, info: Any) -> Side:
+    """A fresh slot per run: prefill, then `n` greedy tokens with the end tokens banned."""
+    banned = info.eog_ids
     sampling = SamplingParams(
         temperature=0.0, top_p=1.0, min_p=0.0, seed=0, logit_bias=tuple((t, -1e9) for t in banned)
     )
     runs = itertools.count()
 
-    def run(prompt: list[int], n: int) -> tuple[float, float]:
+    def run(length: int, n: int) -> tuple[float, float]:
+        prompt = _prompt(info.n_vocab, length)
         slot = f"bench-{next(runs)}"
         prefill = engine.prefill(prompt, slot=slot)
         *_, stats = engine.generate(prompt, sampling, n, slot=slot)
@@ -81,11 +98,33 @@ def _stoke(engine: Any, banned: tuple[int, ...]) -> Side:
     return run
 
 
-def _llama(model: str, options: LoadOptions) -> tuple[Side, Any]:
+@contextmanager
+def _stoke_engine(make: Callable[[], Any], options: LoadOptions) -> Iterator[tuple[Any, Any]]:
+    """A Stoke engine (`make()`) loaded with `options`, unloaded after."""
+    engine = make()
+    info = engine.load(options)
+    try:
+        yield engine, info
+    finally:
+        engine.unload()
+
+
+@contextmanager
+def _llama_cpp_stoke(options: LoadOptions) -> Iterator[Side]:
+    from app.engine.llamacpp.backend import LlamaCppEngine
+
+    with _stoke_engine(LlamaCppEngine, options) as (engine, info):
+        yield _stoke(engine, info)
+
+
+@contextmanager
+def _llama(options: LoadOptions) -> Iterator[Side]:
+    """llama-cpp-python's own `Llama`: its `eval` and `sample`, as a program using the
+    bindings directly would."""
     import llama_cpp
 
     llm = llama_cpp.Llama(
-        model_path=model,
+        model_path=options.model_path,
         n_ctx=options.n_ctx,
         n_batch=options.n_batch,
         n_ubatch=options.n_ubatch,
@@ -95,7 +134,8 @@ def _llama(model: str, options: LoadOptions) -> tuple[Side, Any]:
         verbose=False,
     )
 
-    def run(prompt: list[int], n: int) -> tuple[float, float]:
+    def run(length: int, n: int) -> tuple[float, float]:
+        prompt = _prompt(llm.n_vocab(), length)
         llm.reset()
         began = time.perf_counter()
         llm.eval(prompt)
@@ -107,54 +147,69 @@ def _llama(model: str, options: LoadOptions) -> tuple[Side, Any]:
             token = llm.sample(temp=0.0)
         return len(prompt) / prefill_s, (n - 1) / (time.perf_counter() - began)
 
-    return run, llm
+    try:
+        yield run
+    finally:
+        llm.close()
 
 
-def _beside_llama_server(
-    stoke: Side, options: LoadOptions, prompt: list[int], args: argparse.Namespace
-) -> tuple[dict[str, Any] | None, str]:
-    """Stoke's llama.cpp engine beside llama.cpp's own llama-server on the same file and
-    flags (its in-server timings); None and why when llama-server is not built."""
+@contextmanager
+def _llama_server(binary: Path, options: LoadOptions) -> Iterator[Side]:
+    """llama.cpp's own llama-server on the same file and flags; its in-server timings."""
     from app.bench import llama_server
-    from app.engine.llamacpp.tools import find_tools
+    from app.engine.gguf_info import inspect_gguf
 
-    tools, reason = find_tools()
-    if tools is None:
-        return None, reason
+    n_vocab = inspect_gguf(options.model_path).vocab_size
+    if not n_vocab:
+        raise SystemExit(f"{options.model_path} has no vocabulary to draw a prompt from")
     with (
         tempfile.TemporaryDirectory() as tmp,
-        llama_server.running(tools.llama_server, options, Path(tmp) / "server.log") as server,
+        llama_server.running(binary, options, Path(tmp) / "server.log") as server,
     ):
 
-        def run(ids: list[int], n: int) -> tuple[float, float]:
-            timings = server.complete(ids, n)
+        def run(length: int, n: int) -> tuple[float, float]:
+            timings = server.complete(_prompt(n_vocab, length), n)
             return timings["prompt_per_second"], timings["predicted_per_second"]
 
-        return {"beside": "llama.cpp llama-server", **_compare(stoke, run, prompt, args)}, ""
+        yield run
 
 
-def _mlx_lm(engine: Any) -> Side:
+@contextmanager
+def _mlx_stoke(options: LoadOptions) -> Iterator[Side]:
+    from app.engine.mlx.backend import MlxEngine
+
+    with _stoke_engine(MlxEngine, options) as (engine, info):
+        yield _stoke(engine, info)
+
+
+@contextmanager
+def _mlx_lm(options: LoadOptions) -> Iterator[Side]:
+    """mlx-lm's `generate_step` on the model object Stoke's MLX engine loads (the same
+    weights, the same code), with a fresh mlx-lm prompt cache per run."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
 
-    model = engine._loaded.model  # the object Stoke loaded: the same weights, the same code
+    from app.engine.mlx.backend import MlxEngine
 
-    def run(prompt: list[int], n: int) -> tuple[float, float]:
-        steps = generate_step(
-            mx.array(prompt),
-            model,
-            max_tokens=n,
-            sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),  # never stops on an end
-            prompt_cache=make_prompt_cache(model),
-        )
-        began = time.perf_counter()
-        next(steps)
-        first = time.perf_counter()
-        count = sum(1 for _ in steps)
-        return len(prompt) / (first - began), count / (time.perf_counter() - first)
+    with _stoke_engine(MlxEngine, options) as (engine, info):
+        model = engine._loaded.model
 
-    return run
+        def run(length: int, n: int) -> tuple[float, float]:
+            steps = generate_step(
+                mx.array(_prompt(info.n_vocab, length)),
+                model,
+                max_tokens=n,
+                sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),  # never stops on an end
+                prompt_cache=make_prompt_cache(model),
+            )
+            began = time.perf_counter()
+            next(steps)
+            first = time.perf_counter()
+            count = sum(1 for _ in steps)
+            return length / (first - began), count / (time.perf_counter() - first)
+
+        yield run
 
 
 def _mlx_device(device: Any) -> str:
@@ -167,11 +222,31 @@ def _mlx_device(device: Any) -> str:
     return f"{name}: {gpu_name()}"
 
 
-def _compare(stoke: Side, runtime: Side, prompt: list[int], args: argparse.Namespace) -> dict:
-    runs: dict[str, list[tuple[float, float]]] = {"stoke": [], "runtime": []}
-    for _ in range(args.rounds + 1):  # the first round warms both up and is dropped
-        runs["stoke"].append(stoke(prompt, args.decode))
-        runs["runtime"].append(runtime(prompt, args.decode))
+def _rounds(side: Side, length: int, args: argparse.Namespace) -> list[tuple[float, float]]:
+    return [side(length, args.decode) for _ in range(args.rounds + 1)]
+
+
+def _compare(stoke: Opener, runtime: Opener, lengths: list[int], args: argparse.Namespace) -> dict:
+    """Both sides at each length: interleaved rounds (both held at once), or with
+    --one-at-a-time every round of one side, then of the other. The first round of each
+    side and length warms up and is dropped."""
+    runs: dict[int, dict[str, list[tuple[float, float]]]] = {n: {} for n in lengths}
+    if args.one_at_a_time:
+        for name, opener in (("stoke", stoke), ("runtime", runtime)):
+            with opener() as side:
+                for n in lengths:
+                    runs[n][name] = _rounds(side, n, args)
+    else:
+        with stoke() as ours, runtime() as theirs:
+            for n in lengths:
+                runs[n] = {"stoke": [], "runtime": []}
+                for _ in range(args.rounds + 1):
+                    runs[n]["stoke"].append(ours(n, args.decode))
+                    runs[n]["runtime"].append(theirs(n, args.decode))
+    return {n: _summary(by_side) for n, by_side in runs.items()}
+
+
+def _summary(runs: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
     medians = {
         side: {
             "prefill_tok_s": statistics.median(r[0] for r in values[1:]),
@@ -189,98 +264,95 @@ def _compare(stoke: Side, runtime: Side, prompt: list[int], args: argparse.Names
     }
 
 
+def _pairs(
+    engines: list[str], options: LoadOptions
+) -> tuple[list[tuple[str, str, Opener, Opener, dict[str, str]]], dict[str, str]]:
+    """(engine, beside, Stoke's side, the runtime's side, extra fields) for each engine
+    asked for that can run here; the others with why not. llama.cpp is imported only when
+    asked: a process that holds MLX's CUDA build and llama.cpp's crashed
+    (app/bench/mlx_gpu.py), so on a GPU each engine runs in a process of its own."""
+    pairs, skipped = [], {}
+    if {"llama.cpp", "llama-server"} & set(engines):
+        from app.engine.llamacpp.openmp import spin_briefly
+
+        spin_briefly()  # before llama.cpp loads, as the engine process does (a busy box stalls)
+    ours = lambda: _llama_cpp_stoke(options)  # noqa: E731
+    if "llama.cpp" in engines:
+        pairs.append(("llama.cpp", "llama-cpp-python Llama", ours, lambda: _llama(options), {}))
+    if "llama-server" in engines:
+        from app.engine.llamacpp.tools import find_tools
+
+        tools, reason = find_tools()
+        if tools is None:
+            skipped["llama-server"] = reason
+        else:
+            server = lambda: _llama_server(tools.llama_server, options)  # noqa: E731
+            pairs.append(("llama-server", "llama.cpp llama-server", ours, server, {}))
+    if "mlx" in engines:
+        if importlib.util.find_spec("mlx") is None:
+            skipped["mlx"] = "MLX is not installed"
+        else:
+            import mlx.core as mx
+
+            device = {"device": _mlx_device(mx.default_device())}
+            mlx_ours, mlx_lm = (lambda: _mlx_stoke(options)), (lambda: _mlx_lm(options))
+            pairs.append(("mlx", "mlx-lm generate_step", mlx_ours, mlx_lm, device))
+    return pairs, skipped
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Each engine asked for, in turn. llama.cpp is imported only when asked: a process that
-    holds MLX's CUDA build and llama.cpp's crashed (app/bench/mlx_gpu.py), so on a GPU each
-    engine runs in a process of its own (`--engines mlx`, then `--engines llama.cpp`)."""
+    """Each engine asked for, in turn, at each prompt length."""
     from app.engine.safe_mode import cpu_identity
     from app.models.default import default_model_path
 
     model = args.model or str(default_model_path())
     threads = args.threads or os.cpu_count() or 1
+    lengths = [int(n) for n in str(args.prompt).split(",") if n.strip()]
     options = LoadOptions(
         model,
-        n_ctx=max(args.prompt + args.decode + 64, 512),
+        n_ctx=max(max(lengths) + args.decode + 64, 512),
         n_seq_max=1,
         n_threads=threads,
         snapshots=False,
         speculation="off",
     )
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    rows: dict[str, Any] = {}
-    skipped: dict[str, str] = {}  # an engine asked for that cannot run here, and why
-    if {"llama.cpp", "llama-server"} & set(engines):
-        from app.engine.llamacpp.openmp import spin_briefly
-
-        spin_briefly()  # before llama.cpp loads, as the engine process does (a busy box stalls)
-        from app.engine.llamacpp.backend import LlamaCppEngine
-
-        engine = LlamaCppEngine()
-        info = engine.load(options)
-        prompt = _prompt(info.n_vocab, args.prompt)
-        stoke = _stoke(engine, info.eog_ids)
-        try:
-            if "llama.cpp" in engines:
-                runtime, llm = _llama(model, options)
-                try:
-                    rows["llama.cpp"] = {
-                        "beside": "llama-cpp-python Llama",
-                        **_compare(stoke, runtime, prompt, args),
-                    }
-                finally:
-                    llm.close()
-            if "llama-server" in engines:
-                row, reason = _beside_llama_server(stoke, options, prompt, args)
-                if row is not None:
-                    rows["llama-server"] = row
-                else:
-                    skipped["llama-server"] = reason
-        finally:
-            engine.unload()
-    if "mlx" in engines and importlib.util.find_spec("mlx") is not None:
-        import mlx.core as mx
-
-        from app.engine.mlx.backend import MlxEngine
-
-        engine = MlxEngine()
-        info = engine.load(options)
-        prompt = _prompt(info.n_vocab, args.prompt)
-        try:
-            rows["mlx"] = {
-                "beside": "mlx-lm generate_step",
-                "device": _mlx_device(mx.default_device()),
-                **_compare(_stoke(engine, info.eog_ids), _mlx_lm(engine), prompt, args),
-            }
-        finally:
-            engine.unload()
+    pairs, skipped = _pairs(engines, options)
+    rows = []
+    for name, beside, stoke, runtime, extra in pairs:
+        for length, result in _compare(stoke, runtime, lengths, args).items():
+            rows.append({"engine": name, "beside": beside, "prompt_tokens": length, **extra})
+            rows[-1].update(result)
     return {
         "benchmark": "engines",
         "machine": {**cpu_identity(), "cores": os.cpu_count(), "system": platform.platform()},
         "model": Path(model).name,
         "threads": threads,
-        "prompt_tokens": args.prompt,
+        "prompt_tokens": lengths,
         "decode_tokens": args.decode,
         "rounds": args.rounds,
+        "one_at_a_time": bool(args.one_at_a_time),
         "rows": rows,
         "skipped": skipped,
     }
 
 
 def table(report: dict[str, Any]) -> str:
+    how = "one side at a time" if report.get("one_at_a_time") else "rounds interleaved"
     lines = [
         f"{report['model']} on {report['machine']['model']} ({report['threads']} threads): "
-        f"{report['prompt_tokens']}-token prompt, {report['decode_tokens']} decoded, "
-        f"medians of {report['rounds']}",
+        f"{report['decode_tokens']} decoded after each prompt, medians of {report['rounds']}, "
+        f"{how}",
         "",
-        "| engine | beside | prefill tok/s Stoke / runtime | ratio "
+        "| engine | beside | prompt | prefill tok/s Stoke / runtime | ratio "
         "| decode tok/s Stoke / runtime | ratio |",
-        "|---|---|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for name, row in report["rows"].items():
+    for row in report["rows"]:
         s, r, x = row["stoke"], row["runtime"], row["ratio"]
         where = f" ({row['device']})" if "device" in row else ""
         lines.append(
-            f"| {name}{where} | {row['beside']} "
+            f"| {row['engine']}{where} | {row['beside']} | {row['prompt_tokens']:,} "
             f"| {s['prefill_tok_s']:.1f} / {r['prefill_tok_s']:.1f} | {x['prefill_tok_s']:.2f}x "
             f"| {s['decode_tok_s']:.1f} / {r['decode_tok_s']:.1f} | {x['decode_tok_s']:.2f}x |"
         )

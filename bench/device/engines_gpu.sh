@@ -19,8 +19,9 @@ engines() {  # MODEL NAME: Stoke's MLX engine beside mlx-lm's generate_step
   PYTHONPATH=$path timeout "$3" python3 -c "
 import argparse, sys
 from app.bench import engines
-args = argparse.Namespace(model='$1', prompt=2048, decode=128, rounds=5, threads=None,
-                          engines='mlx', json='/root/results/engines-$2.json')
+args = argparse.Namespace(model='$1', prompt='2048', decode=128, rounds=5, threads=None,
+                          engines='mlx', one_at_a_time=False,
+                          json='/root/results/engines-$2.json')
 sys.exit(engines.main(args))" 2>&1 | tee "/root/results/engines-$2.log" | tail -12
 }
 case "${1:-}" in
