@@ -3,7 +3,8 @@
 Everything runs in one process, side by side, on the default model and the CPU, with the
 real engine host (a child process) for Stoke and, in-process for the baselines, the same
 runtime's own prefix reuse: llama-cpp-python's `Llama`, or with `--engine mlx` mlx-lm's
-prompt cache. Times are client-side time to first token (the request sent to the first
+prompt cache; with `--anchor llama-server`, llama.cpp's own server with `--cache-reuse`
+behind a stateless client (`ServerAnchor`). Times are client-side time to first token (the request sent to the first
 streamed token), medians over `reps` repetitions; ratios within one run are what hold on a
 noisy machine. Prints a table and writes JSON.
 """
@@ -93,6 +94,7 @@ class Bench:
     history_tokens: int
     home: Path
     engine: str = "llama.cpp"
+    anchor: str = "runtime"  # the stateful baseline: the runtime's own reuse, or llama-server
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # -- helpers --
@@ -180,15 +182,15 @@ class Bench:
             )
             history = session.history_tokens(conversation)
             await session.engine.prefill(history, slot=conversation)  # as after the last turn
-            anchor = (MlxAnchor if self.engine == "mlx" else Anchor)(self.model, template)
-            anchor.warm(history)
-            parent = session.store.get_conversation(conversation).current_leaf_id
-            stoke, anchored, naive = [], [], []
-            for text in FOLLOW_UPS[: self.reps]:
-                stoke.append((await self.send(session, conversation, text, parent))[1])
-                anchored.append(anchor.timed(messages, text, cold=False))
-            for text in FOLLOW_UPS[: self.reps]:
-                naive.append(anchor.timed(messages, text, cold=True))
+            with self.open_anchor(template) as anchor:
+                anchor.warm(history)
+                parent = session.store.get_conversation(conversation).current_leaf_id
+                stoke, anchored, naive = [], [], []
+                for text in FOLLOW_UPS[: self.reps]:
+                    stoke.append((await self.send(session, conversation, text, parent))[1])
+                    anchored.append(anchor.timed(messages, text, cold=False))
+                for text in FOLLOW_UPS[: self.reps]:
+                    naive.append(anchor.timed(messages, text, cold=True))
             new_tokens = stoke_new_tokens(session.engine.local_tokenizer(), FOLLOW_UPS[0])
         self.results[name] = {
             "history_tokens": len(history),
@@ -199,6 +201,15 @@ class Bench:
             "stoke_ttft_s": median([t.ttft_s for t in stoke]),
             "stoke_prefilled_tokens": median([t.prefilled for t in stoke]),
         }
+
+    @contextlib.contextmanager
+    def open_anchor(self, template: str | None) -> Iterator[Any]:
+        """The follow-up's baseline, closed after it (a server stops)."""
+        if self.anchor == "llama-server":
+            with ServerAnchor.running(self.model, template, self.home) as anchor:
+                yield anchor
+        else:
+            yield (MlxAnchor if self.engine == "mlx" else Anchor)(self.model, template)
 
     async def typed(self) -> None:
         message = " ".join(paragraph(t, 3) for t in ("clouds", "ships", "gardens", "maps"))
@@ -423,6 +434,48 @@ class MlxAnchor:
         return Timed(time.perf_counter() - started, len(tokens) - common)
 
 
+class ServerAnchor:
+    """llama.cpp's own llama-server with `--cache-reuse 256`, its client stateless: each turn
+    sends the whole chat to /v1/chat/completions; the server renders it with the model's
+    template (`--jinja`, or the bench's own) and keeps what of its cache still matches,
+    reusing chunks after a difference by shifting them (--cache-reuse). `timings.prompt_n`
+    says what it evaluated; the naive row asks it not to use its cache at all.
+
+    Warmed with the conversation as the engine generated it (exact tokens), as the anchor is.
+    """
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, model: str, template: str | None, home: Path) -> Iterator[ServerAnchor]:
+        from app.bench import llama_server
+        from app.engine.llamacpp.tools import find_tools
+
+        tools, reason = find_tools()
+        if tools is None:
+            raise SystemExit(reason)
+        extra = ["--cache-reuse", "256", "--jinja"]
+        if template is not None:
+            path = home / "anchor-template.jinja"
+            path.write_text(template, "utf-8")
+            extra += ["--chat-template-file", str(path)]
+        options = LoadOptions(model, n_ctx=8192, n_threads=os.cpu_count())
+        with llama_server.running(tools.llama_server, options, home / "anchor.log", extra) as srv:
+            yield cls(srv)
+
+    def warm(self, exact_history: list[int]) -> None:
+        self.server.complete(exact_history, 1, cached=True)
+
+    def timed(self, messages: list[dict[str, str]], follow_up: str, *, cold: bool) -> Timed:
+        started = time.perf_counter()
+        timings = self.server.chat(
+            [*messages, {"role": "user", "content": follow_up}], cached=not cold
+        )
+        return Timed(time.perf_counter() - started, int(timings["prompt_n"]))
+
+
 def check_targets(r: dict[str, dict[str, Any]]) -> dict[str, bool]:
     """The issue's targets, as booleans (the benchmark shows them; tests never time)."""
     targets: dict[str, bool] = {}
@@ -527,7 +580,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     model = args.model or str(default_model_path())
     with tempfile.TemporaryDirectory(prefix="stoke-bench-") as home:
         os.environ["STOKE_HOME"] = home  # snapshots and conversations of the bench only
-        bench = Bench(model, args.reps, args.history, Path(home), args.engine)
+        bench = Bench(model, args.reps, args.history, Path(home), args.engine, args.anchor)
         wanted = args.only or SCENARIOS
         if "follow_up" in wanted:
             await bench.follow_up("follow_up", reasoning=False)
@@ -542,6 +595,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "model": Path(model).name,
         "model_name": Path(model).stem,
         "engine": args.engine,
+        "anchor": args.anchor,
         "reps": args.reps,
         "machine": machine(),
         "results": bench.results,
@@ -563,6 +617,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="llama.cpp",
         help="Stoke's engine; the baselines run on the same runtime (llama-cpp-python's "
         "Llama, or mlx-lm's own prompt cache)",
+    )
+    parser.add_argument(
+        "--anchor",
+        choices=("runtime", "llama-server"),
+        default="runtime",
+        help="the follow-up's stateful baseline: the runtime's own prefix reuse, or llama.cpp's "
+        "llama-server with --cache-reuse behind a stateless client (`make llama-tools`)",
     )
     parser.set_defaults(run=main)
 

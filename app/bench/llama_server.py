@@ -14,7 +14,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -46,40 +46,56 @@ def server_flags(options: LoadOptions) -> list[str]:
 
 
 class LlamaServer:
-    """One running llama-server: `complete` sends token ids and returns its own timings."""
+    """One running llama-server: token prompts to /completion, chats to its OpenAI endpoint."""
 
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def complete(self, prompt: list[int], n_predict: int) -> dict[str, float]:
-        """A fresh prompt (no cached prefix) and `n_predict` greedy tokens, the end token
-        ignored; the server's `timings`."""
+    def complete(
+        self, prompt: list[int], n_predict: int, *, cached: bool = False
+    ) -> dict[str, float]:
+        """`prompt` and `n_predict` greedy tokens, the end token ignored; a fresh prompt
+        unless `cached` (then the server keeps what of its cache matches). Its `timings`."""
         body = {
             "prompt": prompt,
             "n_predict": n_predict,
-            "cache_prompt": False,
+            "cache_prompt": cached,
             "ignore_eos": True,
             "temperature": 0.0,
             "top_k": 1,
         }
+        return self._post("/completion", body)["timings"]
+
+    def chat(self, messages: list[dict[str, str]], *, cached: bool) -> dict[str, float]:
+        """One greedy token of a reply to `messages`, sent whole as a stateless client does;
+        the server renders them with its template and, if `cached`, reuses what its cache
+        still matches (--cache-reuse: chunks after a difference too). Its `timings`
+        (`prompt_n`: the tokens it evaluated)."""
+        body = {"messages": messages, "max_tokens": 1, "temperature": 0.0, "cache_prompt": cached}
+        return self._post("/v1/chat/completions", body)["timings"]
+
+    def _post(self, path: str, body: dict) -> dict:
         request = urllib.request.Request(
-            self.url + "/completion",
+            self.url + path,
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=3600) as response:
-            return json.loads(response.read())["timings"]
+            return json.loads(response.read())
 
 
 @contextmanager
-def running(binary: Path, options: LoadOptions, log: Path) -> Iterator[LlamaServer]:
-    """llama-server on a free loopback port with `options`' flags, until the block ends."""
+def running(
+    binary: Path, options: LoadOptions, log: Path, extra: Sequence[str] = ()
+) -> Iterator[LlamaServer]:
+    """llama-server on a free loopback port with `options`' flags and `extra`, until the
+    block ends."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [
         *(str(binary), "--model", options.model_path, "--host", "127.0.0.1"),
-        *("--port", str(port), "--no-webui", *server_flags(options)),
+        *("--port", str(port), "--no-webui", *server_flags(options), *extra),
     ]
     with log.open("ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
