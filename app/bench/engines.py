@@ -110,11 +110,15 @@ def _stoke_engine(make: Callable[[], Any], options: LoadOptions) -> Iterator[tup
 
 
 @contextmanager
-def _llama_cpp_stoke(options: LoadOptions) -> Iterator[Side]:
-    from app.engine.llamacpp.backend import LlamaCppEngine
+def _stoke_side(engine: str, options: LoadOptions) -> Iterator[Side]:
+    """Stoke's `engine` ("llama.cpp" or "mlx"), loaded for the runs."""
+    if engine == "mlx":
+        from app.engine.mlx.backend import MlxEngine as make
+    else:
+        from app.engine.llamacpp.backend import LlamaCppEngine as make
 
-    with _stoke_engine(LlamaCppEngine, options) as (engine, info):
-        yield _stoke(engine, info)
+    with _stoke_engine(make, options) as (loaded, info):
+        yield _stoke(loaded, info)
 
 
 @contextmanager
@@ -172,14 +176,6 @@ def _llama_server(binary: Path, options: LoadOptions) -> Iterator[Side]:
             return timings["prompt_per_second"], timings["predicted_per_second"]
 
         yield run
-
-
-@contextmanager
-def _mlx_stoke(options: LoadOptions) -> Iterator[Side]:
-    from app.engine.mlx.backend import MlxEngine
-
-    with _stoke_engine(MlxEngine, options) as (engine, info):
-        yield _stoke(engine, info)
 
 
 @contextmanager
@@ -276,7 +272,7 @@ def _pairs(
         from app.engine.llamacpp.openmp import spin_briefly
 
         spin_briefly()  # before llama.cpp loads, as the engine process does (a busy box stalls)
-    ours = lambda: _llama_cpp_stoke(options)  # noqa: E731
+    ours = lambda: _stoke_side("llama.cpp", options)  # noqa: E731
     if "llama.cpp" in engines:
         pairs.append(("llama.cpp", "llama-cpp-python Llama", ours, lambda: _llama(options), {}))
     if "llama-server" in engines:
@@ -295,7 +291,7 @@ def _pairs(
             import mlx.core as mx
 
             device = {"device": _mlx_device(mx.default_device())}
-            mlx_ours, mlx_lm = (lambda: _mlx_stoke(options)), (lambda: _mlx_lm(options))
+            mlx_ours, mlx_lm = (lambda: _stoke_side("mlx", options)), (lambda: _mlx_lm(options))
             pairs.append(("mlx", "mlx-lm generate_step", mlx_ours, mlx_lm, device))
     return pairs, skipped
 
