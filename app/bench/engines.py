@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--one-at-a-time",
         action="store_true",
         help="hold one side at a time (a model too large to load twice), not interleaved",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="place the model as `stoke plan` does on this machine (GPUs, experts in RAM where "
+        "they do not fit), for the longest prompt; both sides load it so",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     parser.set_defaults(run=main)
@@ -296,6 +303,22 @@ def _pairs(
     return pairs, skipped
 
 
+def _planned(options: LoadOptions) -> tuple[LoadOptions, dict[str, Any]]:
+    """`options` with the placement `stoke plan` makes on this machine for their context
+    (its GPUs' free memory, its RAM), and the plan as JSON data; a model that does not fit
+    ends the run in words."""
+    from app.engine.gguf_info import inspect_gguf
+    from app.hardware.placement import budgets_here
+    from app.hardware.planner import load_options, plan, plan_to_dict
+
+    gpus, ram, _notes = budgets_here()
+    placed = plan(inspect_gguf(options.model_path), gpus, ram_bytes=ram, n_ctx=options.n_ctx)
+    if not placed.fits:
+        raise SystemExit(f"{Path(options.model_path).name} does not fit this machine's plan")
+    fields = {k: v for k, v in load_options(placed).items() if k != "n_seq_max"}
+    return replace(options, **fields), plan_to_dict(placed)
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Each engine asked for, in turn, at each prompt length."""
     from app.engine.safe_mode import cpu_identity
@@ -312,6 +335,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         snapshots=False,
         speculation="off",
     )
+    placed = _planned(options) if args.plan else None
+    if placed is not None:
+        options = placed[0]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     pairs, skipped = _pairs(engines, options)
     rows = []
@@ -328,6 +354,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "decode_tokens": args.decode,
         "rounds": args.rounds,
         "one_at_a_time": bool(args.one_at_a_time),
+        "plan": placed[1] if placed is not None else None,
         "rows": rows,
         "skipped": skipped,
     }

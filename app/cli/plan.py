@@ -20,6 +20,7 @@ from pathlib import Path
 
 from app.engine.protocol import EngineError
 from app.hardware.memory import KV_TYPES
+from app.hardware.placement import budgets_here
 from app.hardware.planner import (
     PROFILES,
     DeviceBudget,
@@ -136,20 +137,6 @@ def _network(p: Plan) -> list[str]:
     return lines
 
 
-def _detected(args: argparse.Namespace) -> tuple[list[DeviceBudget], int, list[str]]:
-    from app.hardware.detect import detect
-
-    hw = detect()
-    notes = list(hw.notes)
-    gpus = [DeviceBudget.of(g) for g in hw.gpus]
-    if gpus and not hw.gpu_offload:
-        notes.append(hw.rebuild_hint or "This llama.cpp cannot offload to the GPU.")
-        gpus = []
-    elif not gpus and hw.rebuild_hint:
-        notes.append(hw.rebuild_hint)
-    return gpus, hw.memory.available, notes
-
-
 def run(args: argparse.Namespace) -> int:
     from app.engine.gguf_info import inspect_gguf
 
@@ -160,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     notes: list[str] = []
     if args.devices is None:
-        devices, ram, notes = _detected(args)
+        devices, ram, notes = budgets_here()
     else:
         devices, ram = parse_devices(args.devices), 0
     if args.rpc:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from app.engine.gguf_info import GGUFInfo, TensorInfo
-from app.hardware.detect import GpuInfo
+from app.hardware.detect import GpuInfo, detect
 from app.hardware.memory import (
     MIB,
     OP_OFFLOAD_MIN_BATCH,
@@ -82,6 +82,21 @@ class DeviceBudget:
         if self.backend == "rpc":  # whatever the server runs on: no floor for a CPU there
             return int((self.total or self.budget) * GPU_RESERVE_FRACTION)
         return max(GPU_RESERVE, int((self.total or self.budget) * GPU_RESERVE_FRACTION))
+
+
+def budgets_here() -> tuple[list[DeviceBudget], int, list[str]]:
+    """This machine's GPUs (their free memory as budgets, none where this llama.cpp cannot
+    offload), its available RAM, and notes in words (a rebuild hint): what `stoke plan`
+    plans for when no machine is described."""
+    hw = detect()
+    notes = list(hw.notes)
+    gpus = [DeviceBudget.of(g) for g in hw.gpus]
+    if gpus and not hw.gpu_offload:
+        notes.append(hw.rebuild_hint or "This llama.cpp cannot offload to the GPU.")
+        gpus = []
+    elif not gpus and hw.rebuild_hint:
+        notes.append(hw.rebuild_hint)
+    return gpus, hw.memory.available, notes
 
 
 # -- the model's pieces -----------------------------------------------------------------------

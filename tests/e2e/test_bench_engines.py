@@ -2,7 +2,7 @@
 (Stoke's llama.cpp engine beside llama-cpp-python's Llama and beside llama.cpp's own
 llama-server where `make llama-tools` built it, as `make test` does; Stoke's MLX engine beside
 mlx-lm's generate_step where MLX is installed, its device named), the table is printed and the
-JSON written.
+JSON written; with --plan, placed as `stoke plan` places it here.
 Speeds depend on the machine: only that each side ran and gave a rate is checked."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_bench_engines_runs_each_engine_beside_its_runtime(tmp_path: Path, tiny_model: str) -> None:
     report_path = tmp_path / "engines.json"
     command = [sys.executable, "-m", "app", "bench", "engines", "--model", tiny_model]
-    command += ["--prompt", "16,32", "--decode", "4", "--rounds", "1", "--json", str(report_path)]
+    command += ["--prompt", "16,32", "--decode", "4", "--rounds", "1", "--plan"]
+    command += ["--json", str(report_path)]
     done = subprocess.run(
         command, cwd=REPO, env=os.environ.copy(), capture_output=True, text=True, timeout=600
     )
@@ -39,6 +40,8 @@ def test_bench_engines_runs_each_engine_beside_its_runtime(tmp_path: Path, tiny_
     assert sorted((row["engine"], row["prompt_tokens"]) for row in report["rows"]) == sorted(
         (name, length) for name in expected for length in (16, 32)
     )
+    plan = report["plan"]  # --plan: placed as `stoke plan` places it here, for the longest prompt
+    assert plan["fits"] and plan["n_ctx"] == 512, plan
     for row in report["rows"]:
         name, length = row["engine"], row["prompt_tokens"]
         lines = [line for line in done.stdout.splitlines() if line.startswith(f"| {name}")]
