@@ -26,6 +26,7 @@ from typing import Any
 
 from app.bench.attach_run import QUESTION, attach, enter_summary, prewarm_off, timed_run
 from app.bench.output import emit
+from app.engine.llamacpp import verdict_file
 
 LINE = "Night {n}: the keeper trimmed the wick, wound the clock, and logged a {wind} wind."
 WINDS = ("north", "west", "salt-heavy", "calm", "gusting", "southerly")
@@ -167,6 +168,7 @@ def main(args: argparse.Namespace) -> int:
         print("stoke bench attach --image needs a vision model: --model VISION.gguf")
         return 2
     with tempfile.TemporaryDirectory(prefix="stoke-bench-attach-") as home:
+        verdict_file.carry(Path(home))
         os.environ["STOKE_HOME"] = home
         folder = Path(home) / "files"
         folder.mkdir()

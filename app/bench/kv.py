@@ -27,6 +27,7 @@ from typing import Any
 from app.bench.output import emit
 from app.conversations import ConversationStore
 from app.engine.host import EngineClient
+from app.engine.llamacpp import verdict_file
 from app.engine.prewarm import Prewarmer
 from app.engine.protocol import LoadOptions
 from app.session import ChatSession
@@ -579,6 +580,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     model = args.model or str(default_model_path())
     with tempfile.TemporaryDirectory(prefix="stoke-bench-") as home:
+        verdict_file.carry(Path(home))
         os.environ["STOKE_HOME"] = home  # snapshots and conversations of the bench only
         bench = Bench(model, args.reps, args.history, Path(home), args.engine, args.anchor)
         wanted = args.only or SCENARIOS

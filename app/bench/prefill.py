@@ -30,6 +30,7 @@ from typing import Any
 
 from app.bench.kv import machine, paragraph
 from app.bench.output import emit
+from app.engine.llamacpp import verdict_file
 from app.engine.protocol import LoadOptions
 from app.engine.slots import SlotEngine
 
@@ -190,6 +191,7 @@ def _private_home() -> Iterator[None]:
     import os
 
     with tempfile.TemporaryDirectory(prefix="stoke-bench-prefill-") as home:
+        verdict_file.carry(Path(home))
         old = os.environ.get("STOKE_HOME")
         os.environ["STOKE_HOME"] = home
         try:

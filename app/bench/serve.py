@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from app.bench import agent
 from app.bench.kv import machine, median
 from app.bench.output import emit
+from app.engine.llamacpp import verdict_file
 
 if TYPE_CHECKING:
     import openai
@@ -133,7 +134,8 @@ def _process(command: list[str], log: Path, env: dict[str, str]) -> Iterator[sub
 def stoke_server(model: str, n_ctx: int, home: Path, logs: Path | None = None) -> Iterator[str]:
     """`stoke serve` as a child process (its log in `logs`, else `home`); yields its URL."""
     port = _free_port()
-    env = {**os.environ, "STOKE_HOME": str(home / "stoke"), "STOKE_API_KEY": API_KEY}
+    stoke_home = verdict_file.carry(home / "stoke")  # its own, with this machine's CPU verdict
+    env = {**os.environ, "STOKE_HOME": str(stoke_home), "STOKE_API_KEY": API_KEY}
     command = [sys.executable, "-m", "app", "serve", "--model", model, "--ctx", str(n_ctx)]
     command += ["--port", str(port)]
     log = (logs or home) / LOGS["stoke"]
@@ -386,7 +388,8 @@ def stoke_pool_server(
     needs = sorted(memory_need(LoadOptions(m, n_ctx=n_ctx, n_seq_max=resident)) for m in models)
     budget = needs[1] + needs[0] // 2
     port = _free_port()
-    env = {**os.environ, "STOKE_HOME": str(home / "stoke"), "STOKE_API_KEY": API_KEY}
+    stoke_home = verdict_file.carry(home / "stoke")  # its own, with this machine's CPU verdict
+    env = {**os.environ, "STOKE_HOME": str(stoke_home), "STOKE_API_KEY": API_KEY}
     command = [sys.executable, "-m", "app", "serve", "--model", models[0], "--ctx", str(n_ctx)]
     command += ["--port", str(port), "--budget", f"{budget / GIB:.6f}"]
     log = (logs or home) / LOGS["stoke"]

@@ -37,6 +37,7 @@ from app.bench import agent
 from app.bench.kv import machine, median
 from app.bench.output import emit
 from app.bench.serve import API_KEY, LOGS, anchor_server, warm_up
+from app.engine.llamacpp import verdict_file
 from app.tool_loop import CallProgress, RoundDone, ToolEvent, ToolLoop, ToolOutcome
 from app.toolcalls.tools import ToolCall, ToolSpec
 
@@ -160,6 +161,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[list]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="stoke-bench-tools-") as tmp:
         home = Path(tmp)
+        verdict_file.carry(home / "stoke")
         os.environ["STOKE_HOME"] = str(home / "stoke")  # the session's store and settings
         with anchor_server(model, args.ctx, home, verbose=True) as url:
             warm_up(url)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.output import emit
+from app.engine.llamacpp import verdict_file
 
 TARGET_MS = 50.0
 PROMPT = "Write a long story about a lighthouse keeper, with many details, in ten chapters."
@@ -108,6 +109,7 @@ def main(args: argparse.Namespace) -> int:
     from PySide6.QtWidgets import QApplication
 
     with tempfile.TemporaryDirectory(prefix="stoke-bench-ui-") as home:
+        verdict_file.carry(Path(home))
         os.environ["STOKE_HOME"] = home
         app = QApplication.instance() or QApplication([])
         app.setQuitOnLastWindowClosed(False)

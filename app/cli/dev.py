@@ -31,12 +31,13 @@ def _make_gguf(args: argparse.Namespace) -> int:
 
 
 def _make_draft(args: argparse.Namespace) -> int:
+    source = args.source or default_model_path()
     try:
-        path = write_truncated(args.source, args.out, args.layers)
+        path = write_truncated(source, args.out, args.layers)
     except ValueError as exc:
         print(f"stoke dev make-draft: {exc}")
         return 1
-    print(f"wrote {path}: the first {args.layers} blocks of {args.source.name}")
+    print(f"wrote {path}: the first {args.layers} blocks of {source.name}")
     return 0
 
 
@@ -67,7 +68,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "make-draft", help="write a draft model: the first blocks of a GGUF (default model's)"
     )
     draft.add_argument("--layers", type=int, default=2, help="blocks to keep (default 2)")
-    draft.add_argument("--source", type=Path, default=default_model_path(), help="the target")
+    # the default model is looked up when the tool runs: its package imports the `llm` CLI and
+    # llama.cpp, half a second of every `stoke` start when it was the parser's default
+    draft.add_argument("--source", type=Path, help="the target (default: the default model)")
     draft.add_argument("out", type=Path, help="the .gguf file to write")
     draft.set_defaults(run=_make_draft)
     layout = tools.add_parser(

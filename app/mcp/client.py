@@ -28,17 +28,18 @@ import errno
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import httpx2
-from mcp import Client, StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CallToolResult
 
 from app.mcp import words
 from app.mcp.config import Http, Server, Stdio
 from app.mcp.stderr import StderrTail
+
+if TYPE_CHECKING:  # the SDK is imported where a server starts: a second of every `stoke` start
+    from mcp import Client
+    from mcp_types import CallToolResult
 
 START_TIMEOUT_S = 60.0  # a first `npx` or `uvx` start downloads its package
 LIST_PAGES = 100  # pages of tools read at most: a server that pages forever cannot hang a start
@@ -157,6 +158,8 @@ class Connection:
 
     async def _run(self, started: asyncio.Future[None], scope: anyio.CancelScope) -> None:
         """The connection's whole life, in this one task, until `scope` is cancelled."""
+        from mcp import Client
+
         self._set(ServerState("starting"))
         self.tools = ()
         status = _Status()
@@ -206,6 +209,8 @@ class Connection:
 
 @contextlib.asynccontextmanager
 async def _http(launch: Http, status: _Status) -> AsyncIterator[Any]:
+    from mcp.client.streamable_http import streamable_http_client
+
     async with (
         httpx2.AsyncClient(
             headers=dict(launch.headers),
@@ -219,6 +224,8 @@ async def _http(launch: Http, status: _Status) -> AsyncIterator[Any]:
 
 @contextlib.asynccontextmanager
 async def _stdio(launch: Stdio, tail: StderrTail) -> AsyncIterator[Any]:
+    from mcp import StdioServerParameters, stdio_client
+
     folder = Path(launch.cwd).expanduser() if launch.cwd else None
     if folder is not None and not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, f"its folder {launch.cwd} does not exist")

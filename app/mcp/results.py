@@ -15,19 +15,12 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-
-from mcp_types import (
-    AudioContent,
-    BlobResourceContents,
-    CallToolResult,
-    ContentBlock,
-    EmbeddedResource,
-    ImageContent,
-    ResourceLink,
-    TextContent,
-)
+from typing import TYPE_CHECKING
 
 from app.units import decimal_bytes
+
+if TYPE_CHECKING:  # the SDK's types are imported where a result is read, not at every start
+    from mcp_types import CallToolResult, ContentBlock
 
 LIMIT = 20_000  # characters of a result the model reads by default (about 5,000 tokens)
 
@@ -69,6 +62,15 @@ def _cut(full: str, limit: int, *, is_error: bool) -> ToolResult:
 
 def _said(part: ContentBlock) -> str:
     """One part of a result, as text."""
+    from mcp_types import (
+        AudioContent,
+        BlobResourceContents,
+        EmbeddedResource,
+        ImageContent,
+        ResourceLink,
+        TextContent,
+    )
+
     if isinstance(part, TextContent):
         return part.text
     if isinstance(part, ImageContent | AudioContent):

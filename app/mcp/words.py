@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from http import HTTPStatus
+from typing import TYPE_CHECKING
 
 import httpx2
-from mcp import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from app.mcp.config import Http, Server, shown_url
+
+if TYPE_CHECKING:  # the SDK is imported where words need it: a second of every `stoke` start
+    from mcp import MCPError
 
 QUOTED = 300  # characters of a server's own words quoted
 
@@ -30,9 +32,18 @@ def leaves(exc: BaseException) -> Iterator[BaseException]:
         yield exc
 
 
+def _sdk_errors(exc: BaseException) -> list[MCPError]:
+    """The SDK's JSON-RPC errors inside `exc`."""
+    from mcp import MCPError
+
+    return [e for e in leaves(exc) if isinstance(e, MCPError)]
+
+
 def connection_lost(exc: BaseException) -> bool:
     """Whether `exc` says the connection itself ended (the server stopped, the link broke)."""
-    return any(isinstance(e, MCPError) and e.code == CONNECTION_CLOSED for e in leaves(exc))
+    from mcp_types import CONNECTION_CLOSED
+
+    return any(e.code == CONNECTION_CLOSED for e in _sdk_errors(exc))
 
 
 def quoted(said: str) -> str:
@@ -89,12 +100,14 @@ def start_failure(
         errors = [e for e in found if isinstance(e, OSError) and e.strerror]
         if errors:
             return f"“{command}” could not be started ({errors[0].strerror})."
-    codes = [e.code for e in found if isinstance(e, MCPError)]
-    if REQUEST_TIMEOUT in codes:
+    from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+    sdk = _sdk_errors(exc)
+    if REQUEST_TIMEOUT in [e.code for e in sdk]:
         return (
             f"The server did not answer within {timeout:g} s of starting{_last_words(last_line)}."
         )
-    refusals = [e for e in found if isinstance(e, MCPError) and e.code != CONNECTION_CLOSED]
+    refusals = [e for e in sdk if e.code != CONNECTION_CLOSED]
     if refusals:
         return f"The server refused to start a session: {quoted(refusals[0].error.message)}."
     return f"The server stopped while starting{_last_words(last_line)}."
@@ -109,15 +122,15 @@ def call_failure(
     server: Server, tool: str, exc: BaseException, *, last_line: str | None, timeout: float
 ) -> str:
     """Why a call of `tool` gave no result."""
-    found = list(leaves(exc))
-    codes = [e.code for e in found if isinstance(e, MCPError)]
-    if REQUEST_TIMEOUT in codes:
+    from mcp_types import REQUEST_TIMEOUT
+
+    errors = _sdk_errors(exc)
+    if REQUEST_TIMEOUT in [e.code for e in errors]:
         return f"{tool} did not answer within {timeout:g} s, so the call was stopped."
     if connection_lost(exc):
         if isinstance(server.launch, Http):
             return f"The connection to {server.name} was lost during the call."
         return f"The server {server.name} stopped during the call{_last_words(last_line)}."
-    errors = [e for e in found if isinstance(e, MCPError)]
     if errors:
         return f"{server.name} answered with an error: {quoted(errors[0].error.message)}."
     return f"{server.name}'s answer could not be read."

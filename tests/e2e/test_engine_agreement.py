@@ -1,11 +1,12 @@
 """The two engines run the same model: MLX's next-token logits match llama.cpp's.
 
 Both read the default GGUF (SmolLM2 Q4_1): llama.cpp through its own kernels, MLX through
-`mx.load` and mlx-lm's llama modules. Over the first 256 tokens of a text of plain prose, the
+`mx.load` and mlx-lm's llama modules. Over the first 160 tokens of a text of plain prose, the
 top-1 next token must agree on at least 95% of positions. The figure is printed (`pytest -s`).
 MLX's CPU build reads SmolLM2 at about 5 tokens a second, so the text is no longer: on the
-2-core box 6 of the 256 positions disagreed (17 of 500), where a model read wrongly (a
-dequantization, a rope) disagrees on most.
+2-core box 5 of the 160 positions disagreed (6 of 256, 17 of 500), where a model read wrongly
+(a dequantization, a rope) disagrees on most. 160, not 256, since issue 32: 20 s less of the
+suite, with room for 8 disagreements where 5 are seen.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from tests.e2e.conftest import needs_mlx
 
-N_TOKENS = 256
+N_TOKENS = 160
 PROSE = (
     "The harbour town woke slowly in winter. Fishermen checked their nets by lamplight, "
     "the baker opened his shutters before the gulls were awake, and the ferry to the "

@@ -52,22 +52,23 @@ async def _turn(store: ConversationStore, model_path: str, text: str, n_ctx: int
 
 
 def test_first_decode_crash_is_retried_safely_and_remembered(
-    store: ConversationStore, model_path, run, crashing, monkeypatch: pytest.MonkeyPatch
+    store: ConversationStore, tiny_model: str, run, crashing, monkeypatch: pytest.MonkeyPatch
 ):
-    result, states, notices, launched = run(_turn(store, model_path, "Name three colours."))
+    """The mechanism, not the words: on the tests' tiny model (SmolLM2's tokenizer)."""
+    result, states, notices, launched = run(_turn(store, tiny_model, "Name three colours."))
 
     assert result.status == "complete" and result.text
     assert [s for s, _ in states].count(EngineState.CRASHED) == 1
     assert len(notices) == 1 and "conservative settings" in notices[0]
     assert "SIGSEGV" in notices[0] and "\n" not in notices[0]
     assert safe_mode.is_conservative(launched)
-    crashed = LoadOptions(model_path, n_ctx=2048)
+    crashed = LoadOptions(tiny_model, n_ctx=2048)
     record = safe_mode.SafeModeRecords().lookup("llama.cpp", crashed)
     assert record is not None and "SIGSEGV" in record["reason"]
     assert record["settings"]["n_ctx"] == 2048
 
     # The next start reads the record: conservative from the first load, no crash at all.
-    again, states, notices, launched = run(_turn(store, model_path, "And three fruits?"))
+    again, states, notices, launched = run(_turn(store, tiny_model, "And three fruits?"))
     assert again.status == "complete" and again.text
     assert EngineState.CRASHED not in [s for s, _ in states]
     assert len(notices) == 1 and "crashed on this machine before" in notices[0]
@@ -76,7 +77,7 @@ def test_first_decode_crash_is_retried_safely_and_remembered(
     # Other load settings (the crash gone with them): the record has expired, the model loads
     # with its own settings and says nothing.
     monkeypatch.delenv("STOKE_TEST_CRASH_FIRST_DECODE")
-    fixed, states, notices, launched = run(_turn(store, model_path, "Three trees?", n_ctx=1024))
+    fixed, states, notices, launched = run(_turn(store, tiny_model, "Three trees?", n_ctx=1024))
     assert fixed.status == "complete" and fixed.text
     assert notices == [] and not safe_mode.is_conservative(launched)
     assert safe_mode.SafeModeRecords().entries() == []
@@ -108,9 +109,11 @@ def test_a_second_crash_is_reported_as_before(store: ConversationStore, model_pa
     assert "SIGSEGV" in str(crash) and notices == []
 
 
-def test_cli_turn_completes_with_a_one_line_notice(stoke_home: Path):
+def test_cli_turn_completes_with_a_one_line_notice(stoke_home: Path, tiny_model: str):
+    """`stoke chat` on the tiny model, a few greedy tokens: the notice is the point."""
     env = {**os.environ, "STOKE_HOME": str(stoke_home), **CRASH}
-    command = [sys.executable, "-m", "app", "chat", "--new", "--message", "hi", "--json"]
+    command = [sys.executable, "-m", "app", "chat", "--model", tiny_model, "--new"]
+    command += ["--message", "hi", "--temperature", "0", "--max-tokens", "8", "--json"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     output = json.loads(done.stdout.strip().splitlines()[-1])
@@ -162,7 +165,7 @@ def _no_record_blames_a_model() -> None:
 
 
 def test_a_context_too_small_in_settings_is_said_in_words_and_blamed_on_no_model(
-    stoke_home: Path,
+    stoke_home: Path, tiny_model: str
 ):
     """settings.json n_ctx 1 passed the settings check and aborted the engine (SIGABRT), and
     safe mode then blamed the model for good (issue 33): now the check names the field and
@@ -170,7 +173,8 @@ def test_a_context_too_small_in_settings_is_said_in_words_and_blamed_on_no_model
     settings = stoke_home / "config" / "settings.json"
     settings.parent.mkdir(parents=True, exist_ok=True)
     settings.write_text(json.dumps({"n_ctx": 1}))
-    done = stoke(stoke_home, "chat", "--new", "-m", "hi", "--json", "--max-tokens", "4")
+    turn = ("--new", "-m", "hi", "--json", "--max-tokens", "4")
+    done = stoke(stoke_home, "chat", "--model", tiny_model, *turn)
 
     assert done.returncode == 0, done.stdout + done.stderr
     output = json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,6 +1,8 @@
 """`kill -9` of `stoke serve` keeps the API conversations' KV: each reply is snapshotted in the
 background (as the window does), so after a restart the next turn of the conversation is
-restored, not prefilled again. A real `stoke serve` process, killed with its engine."""
+restored, not prefilled again. A real `stoke serve` process, killed with its engine, on the
+tests' tiny model (SmolLM2's tokenizer and template): the KV's way back is the point, not the
+replies' words."""
 
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ KEY = "sk-snapshot-test"
 PATIENCE_S = 120.0
 
 
-def _serve(home: Path) -> tuple[subprocess.Popen, str, str]:
+def _serve(home: Path, model: str) -> tuple[subprocess.Popen, str, str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--port", "0", "--ctx", "2048"],
+        [sys.executable, "-m", "app", "serve", "--model", model, "--port", "0", "--ctx", "2048"],
         cwd=REPO,
         env={**os.environ, "STOKE_HOME": str(home), "STOKE_API_KEY": KEY},
         stdout=subprocess.PIPE,
@@ -48,7 +50,9 @@ def _snapshot_files(home: Path) -> list[Path]:
     return [p for p in home.rglob("*.kv") if p.parent.name.startswith("llama.cpp-")]
 
 
-def test_kill_9_of_stoke_serve_keeps_the_conversations_kv(stoke_home: Path) -> None:
+def test_kill_9_of_stoke_serve_keeps_the_conversations_kv(
+    stoke_home: Path, tiny_model: str
+) -> None:
     """Two conversations, then kill -9; after the restart they come back in the other
     order (so the new process's first slot is not the first conversation's) and both are
     restored."""
@@ -57,7 +61,7 @@ def test_kill_9_of_stoke_serve_keeps_the_conversations_kv(stoke_home: Path) -> N
         for topic in ("harbour", "glacier")
     }
     first_prompt: dict[str, int] = {}
-    process, model, url = _serve(stoke_home)
+    process, model, url = _serve(stoke_home, tiny_model)
     try:
         client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
         for messages in chats.values():
@@ -76,7 +80,7 @@ def test_kill_9_of_stoke_serve_keeps_the_conversations_kv(stoke_home: Path) -> N
         _kill_9(process)
     assert len(_snapshot_files(stoke_home)) == len(chats), "no snapshots were written"
 
-    process, model, url = _serve(stoke_home)
+    process, model, url = _serve(stoke_home, tiny_model)
     try:
         client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
         cached = {}

@@ -19,8 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 MOUNT = 'mount -t tmpfs -o size=4m,mode=0700 stoke-full-disk "$0" && exec "$@"'
 
 
-def _in_small_disk(tmp_path: Path, script: str, room: int) -> dict:
-    """Run `script` with STOKE_HOME on a 4 MiB tmpfs; it fills the disk to `room` bytes."""
+def _in_small_disk(tmp_path: Path, script: str, room: int, verdict: Path) -> dict:
+    """Run `script` with STOKE_HOME on a 4 MiB tmpfs holding this machine's CPU `verdict` (as
+    every test's home does: without it the engine probed the CPU, seconds of children); it
+    fills the disk to `room` bytes."""
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare(1) for a private tmpfs")
     probe = subprocess.run(
@@ -35,7 +37,7 @@ def _in_small_disk(tmp_path: Path, script: str, room: int) -> dict:
     done = subprocess.run(
         ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", MOUNT, str(home),
          sys.executable, "-c", textwrap.dedent(_PRELUDE + script), str(home),
-         str(tmp_path / "engine.log"), str(room)],
+         str(tmp_path / "engine.log"), str(room), str(verdict)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -46,10 +48,13 @@ def _in_small_disk(tmp_path: Path, script: str, room: int) -> dict:
 
 
 _PRELUDE = """
-import asyncio, json, os, sys
+import asyncio, json, os, shutil, sys
 from pathlib import Path
-home, log, room = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+home, log, room, verdict = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 os.environ["STOKE_HOME"] = str(home / "stoke")
+if verdict.exists():
+    (home / "stoke" / "cache").mkdir(parents=True, mode=0o700)
+    shutil.copy2(verdict, home / "stoke" / "cache" / verdict.name)
 from app.conversations import ConversationStore, StoreError
 from app.engine.host import EngineClient
 from app.engine.protocol import LoadOptions
@@ -98,8 +103,8 @@ asyncio.run(main())
 """
 
 
-def test_little_room_left_keeps_the_whole_reply(tmp_path: Path) -> None:
-    out = _in_small_disk(tmp_path, _TURN, room=96 << 10)
+def test_little_room_left_keeps_the_whole_reply(tmp_path: Path, cpu_buffer_verdict: Path) -> None:
+    out = _in_small_disk(tmp_path, _TURN, room=96 << 10, verdict=cpu_buffer_verdict)
     assert out["streamed"].startswith("1")
     assert "error" not in out or (
         "The disk is full: free" in out["error"] and "Traceback" not in out["error"]
@@ -123,8 +128,8 @@ print(json.dumps(out))
 """
 
 
-def test_full_disk_says_so_in_words(tmp_path: Path) -> None:
-    error = _in_small_disk(tmp_path, _NO_ROOM, room=0)["error"]
+def test_full_disk_says_so_in_words(tmp_path: Path, cpu_buffer_verdict: Path) -> None:
+    error = _in_small_disk(tmp_path, _NO_ROOM, room=0, verdict=cpu_buffer_verdict)["error"]
     assert error is not None
     assert "The disk is full: free " in error and " MB" in error
     assert str(tmp_path / "disk" / "stoke") in error  # where the data lives

@@ -14,11 +14,14 @@ from app import doctor
 from app.engine.llamacpp import ggml
 from app.hardware.detect import system_memory
 from app.models.default import default_model_path
+from tests.conftest import seeded
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("stoke-home")
+def home(tmp_path_factory: pytest.TempPathFactory, cpu_buffer_verdict: Path) -> Path:
+    """With this machine's CPU verdict, as every test's home has it (tests/conftest.py): in a
+    home without it, collect() probed the CPU again, seconds of children."""
+    return seeded(tmp_path_factory.mktemp("stoke-home"), cpu_buffer_verdict)
 
 
 @pytest.fixture(scope="module")

@@ -46,11 +46,11 @@ import llama_cpp
 
 from app import paths
 from app.engine.llamacpp import ggml
+from app.engine.llamacpp.verdict_file import CACHE_FILE
 from app.engine.safe_mode import cpu_identity
 from app.stored import Entries, Fields, Stored, Value, array_of, one_of, text
 
 POLICIES = ("all", "no-amx", "none")  # most to least capable
-CACHE_FILE = "cpu-buffers.json"
 PROBE_TIMEOUT_S = 180.0  # a probe child loads a 1 MB model; generous for a busy machine
 AGREEMENT = 0.9  # share of positions whose top token must equal plain buffers' top token
 V_TYPES = ("f16", "q8_0")  # the exact attention's V: the first unless the second is faster
