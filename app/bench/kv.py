@@ -4,9 +4,9 @@ Everything runs in one process, side by side, on the default model and the CPU, 
 real engine host (a child process) for Stoke and, in-process for the baselines, the same
 runtime's own prefix reuse: llama-cpp-python's `Llama`, or with `--engine mlx` mlx-lm's
 prompt cache; with `--anchor llama-server`, llama.cpp's own server with `--cache-reuse`
-behind a stateless client (`ServerAnchor`). Times are client-side time to first token (the request sent to the first
-streamed token), medians over `reps` repetitions; ratios within one run are what hold on a
-noisy machine. Prints a table and writes JSON.
+behind a stateless client (`ServerAnchor`). Times are client-side time to first token (the
+request sent to the first streamed token), medians over `reps` repetitions; ratios within one
+run are what hold on a noisy machine. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
