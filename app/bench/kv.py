@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import platform
 import statistics
@@ -96,12 +97,18 @@ class Bench:
     home: Path
     engine: str = "llama.cpp"
     anchor: str = "runtime"  # the stateful baseline: the runtime's own reuse, or llama-server
+    one_at_a_time: bool = False  # Stoke's engine closed before the anchor loads
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # -- helpers --
 
     def options(self, **overrides: Any) -> LoadOptions:
-        return LoadOptions(self.model, n_ctx=8192, engine=self.engine, **overrides)
+        return LoadOptions(self.model, n_ctx=self.n_ctx, engine=self.engine, **overrides)
+
+    @property
+    def n_ctx(self) -> int:
+        """Room for the history and a turn: 8,192 tokens, more for a longer history."""
+        return max(8192, self.history_tokens + 2048)
 
     @contextlib.asynccontextmanager
     async def stoke(self, **overrides: Any) -> Iterator[ChatSession]:
@@ -139,7 +146,7 @@ class Bench:
         conversation = store.create_conversation(sampling={"temperature": 0, "max_tokens": 40})
         messages: list[dict[str, str]] = []
         tokenizer = session.engine.local_tokenizer()
-        for i in range(64):
+        for i in itertools.count():  # each turn adds tokens: it ends
             topic = TOPICS[(i + len(tag)) % len(TOPICS)]
             question = f"[{tag} {i}] Tell me about {topic}. {paragraph(topic)}"
             if reasoning:
@@ -175,24 +182,37 @@ class Bench:
     # -- scenarios --
 
     async def follow_up(self, name: str, *, reasoning: bool) -> None:
-        """A follow-up after a long history: Stoke and the anchor take turns, rep by rep."""
+        """A follow-up after a long history: Stoke and the anchor take turns, rep by rep; with
+        `one_at_a_time`, Stoke's reps and then, its engine closed, the anchor's (a model
+        that cannot be held twice)."""
         template = REASONING_TEMPLATE if reasoning else None
+        texts = FOLLOW_UPS[: self.reps]
+        stoke: list[Timed] = []
+        anchored: list[Timed] = []
+        naive: list[Timed] = []
         async with self.stoke(chat_template=template, snapshots=False) as session:
             conversation, messages = await self.build_history(
                 session, reasoning=reasoning, tag=name
             )
             history = session.history_tokens(conversation)
             await session.engine.prefill(history, slot=conversation)  # as after the last turn
+            parent = session.store.get_conversation(conversation).current_leaf_id
+            new_tokens = stoke_new_tokens(session.engine.local_tokenizer(), FOLLOW_UPS[0])
+            with contextlib.ExitStack() as beside:
+                if not self.one_at_a_time:
+                    anchor = beside.enter_context(self.open_anchor(template))
+                    anchor.warm(history)
+                for text in texts:
+                    stoke.append((await self.send(session, conversation, text, parent))[1])
+                    if not self.one_at_a_time:
+                        anchored.append(anchor.timed(messages, text, cold=False))
+                if not self.one_at_a_time:
+                    naive = [anchor.timed(messages, text, cold=True) for text in texts]
+        if self.one_at_a_time:
             with self.open_anchor(template) as anchor:
                 anchor.warm(history)
-                parent = session.store.get_conversation(conversation).current_leaf_id
-                stoke, anchored, naive = [], [], []
-                for text in FOLLOW_UPS[: self.reps]:
-                    stoke.append((await self.send(session, conversation, text, parent))[1])
-                    anchored.append(anchor.timed(messages, text, cold=False))
-                for text in FOLLOW_UPS[: self.reps]:
-                    naive.append(anchor.timed(messages, text, cold=True))
-            new_tokens = stoke_new_tokens(session.engine.local_tokenizer(), FOLLOW_UPS[0])
+                anchored = [anchor.timed(messages, text, cold=False) for text in texts]
+                naive = [anchor.timed(messages, text, cold=True) for text in texts]
         self.results[name] = {
             "history_tokens": len(history),
             "new_tokens": new_tokens,
@@ -207,10 +227,12 @@ class Bench:
     def open_anchor(self, template: str | None) -> Iterator[Any]:
         """The follow-up's baseline, closed after it (a server stops)."""
         if self.anchor == "llama-server":
-            with ServerAnchor.running(self.model, template, self.home) as anchor:
+            with ServerAnchor.running(self.model, template, self.home, self.n_ctx) as anchor:
                 yield anchor
+        elif self.engine == "mlx":
+            yield MlxAnchor(self.model, template)
         else:
-            yield (MlxAnchor if self.engine == "mlx" else Anchor)(self.model, template)
+            yield Anchor(self.model, template, self.n_ctx)
 
     async def typed(self) -> None:
         message = " ".join(paragraph(t, 3) for t in ("clouds", "ships", "gardens", "maps"))
@@ -328,7 +350,7 @@ class Anchor:
     the naive row: a stateless client on an empty context.
     """
 
-    def __init__(self, model: str, template: str | None) -> None:
+    def __init__(self, model: str, template: str | None, n_ctx: int) -> None:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         from app.engine.llamacpp import cpu_buffers
@@ -339,7 +361,7 @@ class Anchor:
             handler = formatter.to_chat_handler()
         self.llm = cpu_buffers.llama(  # llama_cpp.Llama with this machine's safe buffer types
             model,
-            n_ctx=8192,
+            n_ctx=n_ctx,
             n_batch=512,
             verbose=False,
             chat_handler=handler,
@@ -450,7 +472,9 @@ class ServerAnchor:
 
     @classmethod
     @contextlib.contextmanager
-    def running(cls, model: str, template: str | None, home: Path) -> Iterator[ServerAnchor]:
+    def running(
+        cls, model: str, template: str | None, home: Path, n_ctx: int
+    ) -> Iterator[ServerAnchor]:
         from app.bench import llama_server
         from app.engine.llamacpp.tools import find_tools
 
@@ -462,7 +486,7 @@ class ServerAnchor:
             path = home / "anchor-template.jinja"
             path.write_text(template, "utf-8")
             extra += ["--chat-template-file", str(path)]
-        options = LoadOptions(model, n_ctx=8192, n_threads=os.cpu_count())
+        options = LoadOptions(model, n_ctx=n_ctx, n_threads=os.cpu_count())
         with llama_server.running(tools.llama_server, options, home / "anchor.log", extra) as srv:
             yield cls(srv)
 
@@ -582,7 +606,9 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="stoke-bench-") as home:
         verdict_file.carry(Path(home))
         os.environ["STOKE_HOME"] = home  # snapshots and conversations of the bench only
-        bench = Bench(model, args.reps, args.history, Path(home), args.engine, args.anchor)
+        bench = Bench(
+            model, args.reps, args.history, Path(home), args.engine, args.anchor, args.one_at_a_time
+        )
         wanted = args.only or SCENARIOS
         if "follow_up" in wanted:
             await bench.follow_up("follow_up", reasoning=False)
@@ -598,6 +624,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "model_name": Path(model).stem,
         "engine": args.engine,
         "anchor": args.anchor,
+        "one_at_a_time": args.one_at_a_time,
         "reps": args.reps,
         "machine": machine(),
         "results": bench.results,
@@ -626,6 +653,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="runtime",
         help="the follow-up's stateful baseline: the runtime's own prefix reuse, or llama.cpp's "
         "llama-server with --cache-reuse behind a stateless client (`make llama-tools`)",
+    )
+    parser.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="the follow-up's anchor loads after Stoke's engine closes (a model too large to "
+        "hold twice); its reps then do not alternate with Stoke's",
     )
     parser.set_defaults(run=main)
 

@@ -61,14 +61,15 @@ def test_bench_kv_follow_up_and_typed(tmp_path: Path, tiny_model: str) -> None:
 
 def test_bench_kv_beside_llama_servers_cache_reuse(tmp_path: Path, tiny_model: str) -> None:
     """The anchor can be llama.cpp's own llama-server (--cache-reuse, a stateless client
-    sending the whole chat): it ran, reused the conversation it was warmed with (its own
-    count of evaluated tokens is far below the history), and Stoke read only the new tokens."""
+    sending the whole chat), loaded after Stoke's engine closed (--one-at-a-time): it ran,
+    reused the conversation it was warmed with (its own count of evaluated tokens is far below
+    the history), and Stoke read only the new tokens."""
     tools, reason = find_tools()
     if tools is None:
         pytest.skip(reason)
     report_path = tmp_path / "kv.json"
     command = [sys.executable, "-m", "app", "bench", "kv", "--model", tiny_model]
-    command += ["--anchor", "llama-server", "--reps", "1", "--history", "300"]
+    command += ["--anchor", "llama-server", "--one-at-a-time", "--reps", "1", "--history", "300"]
     command += ["--only", "follow_up", "--json", str(report_path)]
     done = subprocess.run(
         command, cwd=REPO, env=os.environ.copy(), capture_output=True, text=True, timeout=300
@@ -78,7 +79,7 @@ def test_bench_kv_beside_llama_servers_cache_reuse(tmp_path: Path, tiny_model: s
     rows = {(m["scenario"], m["row"]) for m in ROW.finditer(done.stdout)}
     assert rows == {("follow_up", r) for r in ("naive", "anchor", "stoke")}, done.stdout
     report = json.loads(report_path.read_text("utf-8"))
-    assert report["anchor"] == "llama-server"
+    assert report["anchor"] == "llama-server" and report["one_at_a_time"] is True
     follow_up = report["results"]["follow_up"]
     assert 0 < follow_up["anchor_prefilled_tokens"] < follow_up["history_tokens"] / 2, follow_up
     assert follow_up["stoke_prefilled_tokens"] <= follow_up["new_tokens"] + 2, follow_up
