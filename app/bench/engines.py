@@ -35,11 +35,11 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from app.bench.output import emit
+from app.bench.placed import planned
 from app.engine.protocol import GenerationStats, LoadOptions, SamplingParams
 
 Side = Callable[[int, int], tuple[float, float]]  # (prompt tokens, n) -> prefill, decode tok/s
@@ -303,22 +303,6 @@ def _pairs(
     return pairs, skipped
 
 
-def _planned(options: LoadOptions) -> tuple[LoadOptions, dict[str, Any]]:
-    """`options` with the placement `stoke plan` makes on this machine for their context
-    (its GPUs' free memory, its RAM), and the plan as JSON data; a model that does not fit
-    ends the run in words."""
-    from app.engine.gguf_info import inspect_gguf
-    from app.hardware.placement import budgets_here
-    from app.hardware.planner import load_options, plan, plan_to_dict
-
-    gpus, ram, _notes = budgets_here()
-    placed = plan(inspect_gguf(options.model_path), gpus, ram_bytes=ram, n_ctx=options.n_ctx)
-    if not placed.fits:
-        raise SystemExit(f"{Path(options.model_path).name} does not fit this machine's plan")
-    fields = {k: v for k, v in load_options(placed).items() if k != "n_seq_max"}
-    return replace(options, **fields), plan_to_dict(placed)
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Each engine asked for, in turn, at each prompt length."""
     from app.engine.safe_mode import cpu_identity
@@ -335,7 +319,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         snapshots=False,
         speculation="off",
     )
-    placed = _planned(options) if args.plan else None
+    placed = planned(options) if args.plan else None
     if placed is not None:
         options = placed[0]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]

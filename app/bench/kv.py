@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import platform
@@ -21,11 +22,12 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from app.bench.output import emit
+from app.bench.placed import planned
 from app.conversations import ConversationStore
 from app.engine.host import EngineClient
 from app.engine.llamacpp import verdict_file
@@ -98,12 +100,22 @@ class Bench:
     engine: str = "llama.cpp"
     anchor: str = "runtime"  # the stateful baseline: the runtime's own reuse, or llama-server
     one_at_a_time: bool = False  # Stoke's engine closed before the anchor loads
+    plan: bool = False  # placed as `stoke plan` places the model here (both sides)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # -- helpers --
 
     def options(self, **overrides: Any) -> LoadOptions:
-        return LoadOptions(self.model, n_ctx=self.n_ctx, engine=self.engine, **overrides)
+        base = LoadOptions(self.model, n_ctx=self.n_ctx, engine=self.engine)
+        return replace(self.placement[0] if self.placement else base, **overrides)
+
+    @functools.cached_property
+    def placement(self) -> tuple[LoadOptions, dict[str, Any]] | None:
+        """With `plan`, the options placed as `stoke plan` places the model here, and the
+        plan (made once: both sides and every scenario load the model so)."""
+        if not self.plan:
+            return None
+        return planned(LoadOptions(self.model, n_ctx=self.n_ctx, engine=self.engine))
 
     @property
     def n_ctx(self) -> int:
@@ -227,7 +239,8 @@ class Bench:
     def open_anchor(self, template: str | None) -> Iterator[Any]:
         """The follow-up's baseline, closed after it (a server stops)."""
         if self.anchor == "llama-server":
-            with ServerAnchor.running(self.model, template, self.home, self.n_ctx) as anchor:
+            options = self.options(n_threads=os.cpu_count())
+            with ServerAnchor.running(options, template, self.home) as anchor:
                 yield anchor
         elif self.engine == "mlx":
             yield MlxAnchor(self.model, template)
@@ -473,8 +486,10 @@ class ServerAnchor:
     @classmethod
     @contextlib.contextmanager
     def running(
-        cls, model: str, template: str | None, home: Path, n_ctx: int
+        cls, options: LoadOptions, template: str | None, home: Path
     ) -> Iterator[ServerAnchor]:
+        """llama-server with `options`' flags (Stoke's own: the same file, context and
+        placement), cache reuse and the chat template."""
         from app.bench import llama_server
         from app.engine.llamacpp.tools import find_tools
 
@@ -486,7 +501,6 @@ class ServerAnchor:
             path = home / "anchor-template.jinja"
             path.write_text(template, "utf-8")
             extra += ["--chat-template-file", str(path)]
-        options = LoadOptions(model, n_ctx=n_ctx, n_threads=os.cpu_count())
         with llama_server.running(tools.llama_server, options, home / "anchor.log", extra) as srv:
             yield cls(srv)
 
@@ -607,7 +621,14 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         verdict_file.carry(Path(home))
         os.environ["STOKE_HOME"] = home  # snapshots and conversations of the bench only
         bench = Bench(
-            model, args.reps, args.history, Path(home), args.engine, args.anchor, args.one_at_a_time
+            model,
+            args.reps,
+            args.history,
+            Path(home),
+            args.engine,
+            args.anchor,
+            args.one_at_a_time,
+            args.plan,
         )
         wanted = args.only or SCENARIOS
         if "follow_up" in wanted:
@@ -625,6 +646,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         "engine": args.engine,
         "anchor": args.anchor,
         "one_at_a_time": args.one_at_a_time,
+        "plan": bench.placement[1] if bench.placement else None,
         "reps": args.reps,
         "machine": machine(),
         "results": bench.results,
@@ -653,6 +675,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="runtime",
         help="the follow-up's stateful baseline: the runtime's own prefix reuse, or llama.cpp's "
         "llama-server with --cache-reuse behind a stateless client (`make llama-tools`)",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="place the model as `stoke plan` does on this machine (GPUs, experts in RAM), "
+        "for Stoke and llama-server alike",
     )
     parser.add_argument(
         "--one-at-a-time",

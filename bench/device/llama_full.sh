@@ -13,6 +13,9 @@
 #   3 []  `stoke bench engines --engines llama-server --plan --one-at-a-time` on the replica:
 #      Stoke's llama.cpp engine beside llama-server, both placed as `stoke plan` places it on
 #      this machine, prefill of 4,096 / 32,768 / 65,536 tokens and decode at each depth
+#   4 []  `stoke bench kv --anchor llama-server --one-at-a-time --plan --history 32768`: a
+#      follow-up after a 32k-token conversation, Stoke keeping its KV beside llama-server with
+#      --cache-reuse behind a stateless client, each loaded in turn
 # Results in /root/results, copied to $OUT by every call.
 source "$(dirname "$0")/common.sh"
 export STOKE_BUILD_CACHE=/root/sbc STOKE_LLAMA_FLAVOR=cuda
@@ -46,7 +49,14 @@ args = argparse.Namespace(model='/root/full.gguf', prompt='4096,32768,65536', de
                           rounds=2, threads=None, engines='llama-server', one_at_a_time=True,
                           plan=True, json='/root/results/llama-full.json')
 sys.exit(engines.main(args))" 2>&1 | tee /root/results/llama-full.log | grep -v '^{' | tail -15 ;;
-  *) echo "usage: $0 1|2|3 (see the top of this file)"; exit 1 ;;
+  4) PYTHONPATH=$site timeout 590 python3 -c "
+import argparse, sys
+from app.bench import kv
+args = argparse.Namespace(model='/root/full.gguf', reps=3, history=32768, only=['follow_up'],
+                          engine='llama.cpp', anchor='llama-server', one_at_a_time=True,
+                          plan=True, json='/root/results/llama-full-follow-up.json')
+sys.exit(kv.main(args))" 2>&1 | tee /root/results/llama-full-follow-up.log | grep -v '^{' | tail -12 ;;
+  *) echo "usage: $0 1|2|3|4 (see the top of this file)"; exit 1 ;;
 esac
 cp /root/results/* "$OUT"/ 2>/dev/null
 ls -la "$OUT"

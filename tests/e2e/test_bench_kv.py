@@ -61,7 +61,8 @@ def test_bench_kv_follow_up_and_typed(tmp_path: Path, tiny_model: str) -> None:
 
 def test_bench_kv_beside_llama_servers_cache_reuse(tmp_path: Path, tiny_model: str) -> None:
     """The anchor can be llama.cpp's own llama-server (--cache-reuse, a stateless client
-    sending the whole chat), loaded after Stoke's engine closed (--one-at-a-time): it ran,
+    sending the whole chat), loaded after Stoke's engine closed (--one-at-a-time), both placed
+    as `stoke plan` places the model here (--plan): it ran,
     reused the conversation it was warmed with (its own count of evaluated tokens is far below
     the history), and Stoke read only the new tokens."""
     tools, reason = find_tools()
@@ -69,7 +70,8 @@ def test_bench_kv_beside_llama_servers_cache_reuse(tmp_path: Path, tiny_model: s
         pytest.skip(reason)
     report_path = tmp_path / "kv.json"
     command = [sys.executable, "-m", "app", "bench", "kv", "--model", tiny_model]
-    command += ["--anchor", "llama-server", "--one-at-a-time", "--reps", "1", "--history", "300"]
+    command += ["--anchor", "llama-server", "--one-at-a-time", "--plan"]
+    command += ["--reps", "1", "--history", "300"]
     command += ["--only", "follow_up", "--json", str(report_path)]
     done = subprocess.run(
         command, cwd=REPO, env=os.environ.copy(), capture_output=True, text=True, timeout=300
@@ -80,6 +82,7 @@ def test_bench_kv_beside_llama_servers_cache_reuse(tmp_path: Path, tiny_model: s
     assert rows == {("follow_up", r) for r in ("naive", "anchor", "stoke")}, done.stdout
     report = json.loads(report_path.read_text("utf-8"))
     assert report["anchor"] == "llama-server" and report["one_at_a_time"] is True
+    assert report["plan"]["fits"] and report["plan"]["n_ctx"] == 8192  # placed as stoke plan
     follow_up = report["results"]["follow_up"]
     assert 0 < follow_up["anchor_prefilled_tokens"] < follow_up["history_tokens"] / 2, follow_up
     assert follow_up["stoke_prefilled_tokens"] <= follow_up["new_tokens"] + 2, follow_up
