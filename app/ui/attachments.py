@@ -147,8 +147,13 @@ class AttachmentChip(QFrame):
         self.setSizePolicy(QSizePolicy.Policy.Maximum, QSizePolicy.Policy.Fixed)
 
     def show_read(self, read: PrefillProgress | None) -> None:
-        """Say how far the model has read the file (None: nothing said, as on a bubble)."""
-        self.label.setText(chip_text({**self.record, "name": self._name}, read))
+        """Say how far the model has read the file (None: nothing said, as on a bubble),
+        with room kept for the count's widest while it is read, so the chip holds still."""
+        shown = {**self.record, "name": self._name}
+        reading = read is not None and read.done < read.total
+        widest = PrefillProgress(read.total - 1, read.total) if reading else None
+        self.label.keep_room_for(chip_text(shown, widest) if widest is not None else "")
+        self.label.setText(chip_text(shown, read))
 
     def view(self) -> ImageView | None:
         """Open the picture large; None (and nothing opens) when its file is gone."""

@@ -23,6 +23,7 @@ class ElidedLabel(QLabel):
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         self.setTextFormat(Qt.TextFormat.PlainText)
         self._own_tooltip = ""
+        self._room = ""  # a longer text whose width it asks for (keep_room_for)
 
     def setText(self, text: str) -> None:
         super().setText(text)
@@ -31,6 +32,19 @@ class ElidedLabel(QLabel):
     def setToolTip(self, text: str) -> None:
         self._own_tooltip = text
         self._update_tooltip()
+
+    def keep_room_for(self, text: str) -> None:
+        """Ask for the width of `text` too ("" for none), so a text that changes while it is
+        read (a count going up) does not make the label grow step by step."""
+        self._room = text
+        self.updateGeometry()
+
+    def sizeHint(self) -> QSize:
+        hint = super().sizeHint()
+        margins = self.contentsMargins()
+        extra = margins.left() + margins.right() + 2 * self.margin()
+        room = self.fontMetrics().horizontalAdvance(self._room) + extra if self._room else 0
+        return QSize(max(hint.width(), room), hint.height())
 
     def minimumSizeHint(self) -> QSize:
         hint = super().minimumSizeHint()  # the same with or without text: nothing moves

@@ -126,11 +126,14 @@ def test_a_files_chip_says_how_far_it_is_read_then_ready(
     told = window.prewarm.on_files
     narrowest = window.minimumSizeHint().width()
     widths: list[int] = []
+    chip_widths: list[int] = []  # what each reading chip asks for
 
     def watch(conversation_id: str, files: list[dict], read: list) -> None:
         told(conversation_id, files, read)
         seen.append(chip_texts(bar))
         widths.append(window.minimumSizeHint().width())
+        if "reading" in seen[-1][0]:
+            chip_widths.append(bar._chips[0].sizeHint().width())
 
     window.prewarm.on_files = watch
     assert drop(window, [document(tmp_path, lines=80)])
@@ -146,6 +149,7 @@ def test_a_files_chip_says_how_far_it_is_read_then_ready(
     ready = f"keeper-notes.md · {tokens:,} tokens · ready"
     assert seen[-1] == [ready] and chip_texts(bar) == [ready]
     assert max(widths) <= narrowest  # the longer words never widen the window
+    assert len(set(chip_widths)) == 1  # room kept for the widest count: the chip holds still
 
 
 def test_the_paperclip_reads_a_pdf_removes_files_and_refuses_in_words(
