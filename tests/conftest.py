@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from app.engine.llamacpp import verdict_file
 from tests.crash_log import pytest_configure, pytest_runtest_logstart  # noqa: F401 (its hooks)
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-VERDICT_FILE = "cpu-buffers.json"
+VERDICT_FILE = verdict_file.CACHE_FILE  # the name the app keeps it under
 SHARED_VERDICT = Path(__file__).resolve().parents[1] / "build" / "test-cache" / VERDICT_FILE
 
 

@@ -210,17 +210,17 @@ class Bench:
             await session.engine.prefill(history, slot=conversation)  # as after the last turn
             parent = session.store.get_conversation(conversation).current_leaf_id
             new_tokens = stoke_new_tokens(session.engine.local_tokenizer(), FOLLOW_UPS[0])
-            with contextlib.ExitStack() as beside:
-                if not self.one_at_a_time:
-                    anchor = beside.enter_context(self.open_anchor(template))
-                    anchor.warm(history)
+            if self.one_at_a_time:
                 for text in texts:
                     stoke.append((await self.send(session, conversation, text, parent))[1])
-                    if not self.one_at_a_time:
+            else:
+                with self.open_anchor(template) as anchor:
+                    anchor.warm(history)
+                    for text in texts:
+                        stoke.append((await self.send(session, conversation, text, parent))[1])
                         anchored.append(anchor.timed(messages, text, cold=False))
-                if not self.one_at_a_time:
                     naive = [anchor.timed(messages, text, cold=True) for text in texts]
-        if self.one_at_a_time:
+        if self.one_at_a_time:  # Stoke's engine has closed: the anchor may have the memory
             with self.open_anchor(template) as anchor:
                 anchor.warm(history)
                 anchored = [anchor.timed(messages, text, cold=False) for text in texts]

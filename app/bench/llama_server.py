@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from app.engine.llamacpp import cpu_buffers
-from app.engine.protocol import LoadOptions
+from app.engine.protocol import EngineError, LoadOptions
 
 
 def server_flags(options: LoadOptions) -> list[str]:
@@ -113,12 +113,15 @@ def running(
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
-    """Until /health says ok (503 while the model loads); a server that exits is an error
-    with the end of its log."""
+    """Until /health says ok (503 while the model loads); a server that exits is an
+    EngineError (`stoke` says it in words) with the end of its log."""
     deadline = time.monotonic() + 1800  # a full-size model reads for minutes
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"llama-server exited: {log.read_text(errors='replace')[-2000:]}")
+            tail = log.read_text(errors="replace")[-2000:]
+            raise EngineError(
+                f"llama.cpp's llama-server stopped while loading; its log ends:\n{tail}"
+            )
         try:
             with urllib.request.urlopen(url + "/health", timeout=10) as response:
                 if json.loads(response.read()).get("status") == "ok":
@@ -126,4 +129,4 @@ def _wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
         except (OSError, urllib.error.HTTPError, ValueError):
             pass
         time.sleep(0.2)
-    raise RuntimeError("llama-server did not become ready in 30 minutes")
+    raise EngineError("llama.cpp's llama-server did not become ready in 30 minutes")

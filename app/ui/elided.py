@@ -41,16 +41,18 @@ class ElidedLabel(QLabel):
 
     def sizeHint(self) -> QSize:
         hint = super().sizeHint()
-        margins = self.contentsMargins()
-        extra = margins.left() + margins.right() + 2 * self.margin()
-        room = self.fontMetrics().horizontalAdvance(self._room) + extra if self._room else 0
+        room = self._width_of(self._room) if self._room else 0
         return QSize(max(hint.width(), room), hint.height())
 
     def minimumSizeHint(self) -> QSize:
         hint = super().minimumSizeHint()  # the same with or without text: nothing moves
+        return QSize(self._width_of(_MIN_CHARS), hint.height())
+
+    def _width_of(self, text: str) -> int:
+        """The label's width showing `text` whole: the text, margins and indent."""
         margins = self.contentsMargins()
         extra = margins.left() + margins.right() + 2 * self.margin()
-        return QSize(self.fontMetrics().horizontalAdvance(_MIN_CHARS) + extra, hint.height())
+        return self.fontMetrics().horizontalAdvance(text) + extra
 
     def is_elided(self) -> bool:
         return self.fontMetrics().horizontalAdvance(self.text()) > self.contentsRect().width()
